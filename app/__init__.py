@@ -1,0 +1,1 @@
+"""leapvox: what a person touches (CLI, TUI, audio files)."""

@@ -1,0 +1,1 @@
+"""leapvox engine: networks, sampling, decoding loops. No files or network access."""

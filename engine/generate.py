@@ -1,0 +1,106 @@
+"""Plain autoregressive (`ar`) decoding: talker for code 0, code predictor for codes 1..15.
+
+RNG draw order equals the reference: code 0 of frame 0, codes 1..15 of frame 0, code 0 of frame 1, ...
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import torch
+
+from .code_predictor import CodePredictor
+from .options import SynthesisOptions
+from .prompt import Prompt
+from .sampling import SamplingParams, code0_logits, pick, suppress_mask_for
+from .talker import Talker
+
+
+@dataclass
+class DecodeStats:
+    """Counters of one utterance's decoding, filled as frames are produced."""
+
+    frames: int = 0
+    talker_calls: int = 0
+    predictor_calls: int = 0
+    talker_s: float = 0.0
+    predictor_s: float = 0.0
+    prefill_s: float = 0.0
+    stop_reason: str = ""  # "eos", "max_frames" or "guard"
+    kv_bytes: int = 0
+    notes: list[str] = field(default_factory=list)
+
+
+def predict_codes(
+    cp: CodePredictor,
+    talker_hidden: torch.Tensor,
+    code0_embed: torch.Tensor,
+    params: SamplingParams,
+    generator: torch.Generator | None,
+) -> torch.Tensor:
+    """Codes 1..15 of one frame [B, 15] from the talker's normed hidden [B, 1, H] and C(code 0) [B, 1, H]."""
+    x = cp.prefill_rows(talker_hidden, code0_embed)  # [B, 2, Hc]
+    start = 0
+    codes = []
+    for head in range(cp.num_heads):
+        h = cp.model(x, start)[:, -1]  # [B, Hc]
+        codes.append(pick(cp.lm_head[head](h).float(), params, generator))
+        start += x.shape[1]
+        if head + 1 < cp.num_heads:
+            x = cp.embed(head + 1, codes[-1][:, None])  # [B, 1, Hc]
+    return torch.stack(codes, dim=1)
+
+
+@torch.inference_mode()
+def generate_frames(
+    talker: Talker,
+    prompt: Prompt,
+    opts: SynthesisOptions,
+    max_frames: int,
+    generator: torch.Generator | None,
+    stats: DecodeStats,
+) -> Iterator[torch.Tensor]:
+    """Yield frames [16] (code 0..15) until EOS or `max_frames`; sets `stats.stop_reason` at the end."""
+    cfg, cp = talker.cfg, talker.code_predictor
+    eos = cfg.codec_eos_token_id
+    suppress = suppress_mask_for(cfg.vocab_size, cfg.suppressed_ids, eos, prompt.embeds.device)
+    L = prompt.embeds.shape[1]
+    talker.model.setup_cache(L + max_frames)
+    cp.model.setup_cache(cp.cfg.num_code_groups)
+    history = torch.zeros((1, 0), dtype=torch.long, device=prompt.embeds.device)
+
+    def next_code0(logits: torch.Tensor) -> torch.Tensor:
+        nonlocal history
+        scores = code0_logits(logits[:, -1].float(), history, opts.repetition_penalty, eos, suppress)
+        c0 = pick(scores, opts.talker, generator)  # [1]
+        history = torch.cat([history, c0[:, None]], dim=1)
+        return c0
+
+    t0 = time.perf_counter()
+    h, logits = talker(prompt.embeds, 0)
+    c0 = next_code0(logits)
+    stats.prefill_s += time.perf_counter() - t0
+    stats.talker_calls += 1
+    h = h[:, -1:]
+    for k in range(max_frames):
+        if int(c0) == eos:
+            stats.stop_reason = "eos"
+            return
+        t1 = time.perf_counter()
+        rest = predict_codes(cp, h, talker.embed_codec(c0[:, None]), opts.predictor, generator)  # [1, 15]
+        t2 = time.perf_counter()
+        frame = torch.cat([c0[:, None], rest], dim=1)  # [1, 16]
+        stats.frames += 1
+        stats.predictor_calls += cp.num_heads
+        stats.predictor_s += t2 - t1
+        yield frame[0]
+        t2 = time.perf_counter()
+        if k + 1 < max_frames:
+            h, logits = talker(talker.embed_frame(frame) + prompt.step_text(k), L + k)
+            c0 = next_code0(logits)
+            stats.talker_calls += 1
+            stats.kv_bytes = talker.model.kv_bytes(L + k + 1)
+        stats.talker_s += time.perf_counter() - t2
+    stats.stop_reason = "max_frames"

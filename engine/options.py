@@ -1,0 +1,74 @@
+"""All synthesis options in one frozen dataclass, validated in one place."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+
+from .config import TTSConfig
+from .errors import InputError
+from .prompt import TEXT_LAYOUTS
+from .sampling import SamplingParams
+
+# The reference stops after max_new_tokens code-0 draws, i.e. at most max_new_tokens - 1 frames;
+# the shipped generation_config.json sets max_new_tokens = 8192.
+DEFAULT_MAX_FRAMES = 8191
+
+# Runaway guard: 0.3-0.5% of generations never emit EOS. Normal speech takes ~3-5 frames (80 ms each) per
+# text token; the guard allows 12 frames (~1 s) per token plus 2.4 s, about 3x the slowest normal reading.
+GUARD_BASE_FRAMES = 30
+GUARD_FRAMES_PER_TOKEN = 12
+
+
+def guard_frames(n_text_tokens: int) -> int:
+    """Frame cap derived from the text length (see GUARD_* above)."""
+    return GUARD_BASE_FRAMES + GUARD_FRAMES_PER_TOKEN * n_text_tokens
+
+
+@dataclass(frozen=True)
+class SynthesisOptions:
+    speaker: str | None = None  # None: the model's first speaker
+    language: str = "auto"  # `auto` or one of the model's languages
+    instruct: str | None = None  # style instruction; only 1.7B models use it
+    text_layout: str = "non-streaming"  # where text rows sit: all in the prompt, or riding on frames
+    talker: SamplingParams = field(default_factory=SamplingParams)  # code 0
+    predictor: SamplingParams = field(default_factory=SamplingParams)  # codes 1..15
+    repetition_penalty: float = 1.05  # on the distinct code-0 history
+    max_frames: int = DEFAULT_MAX_FRAMES  # hard cap; official max_new_tokens = max_frames + 1
+    runaway_guard: bool = True  # also cap frames by text length (guard_frames)
+    seed: int | None = None  # torch CPU generator seed; None draws a fresh one
+
+    def greedy(self) -> SynthesisOptions:
+        """Argmax for code 0 and for codes 1..15."""
+        return replace(
+            self, talker=replace(self.talker, do_sample=False), predictor=replace(self.predictor, do_sample=False)
+        )
+
+
+def _check_sampling(name: str, p: SamplingParams) -> None:
+    if not (p.temperature > 0 and math.isfinite(p.temperature)):
+        raise InputError(f"{name} temperature must be > 0, got {p.temperature}", hint="try 0.9, or --greedy")
+    if p.top_k < 0:
+        raise InputError(f"{name} top-k must be >= 0 (0 disables it), got {p.top_k}")
+    if not 0.0 < p.top_p <= 1.0:
+        raise InputError(f"{name} top-p must be in (0, 1], got {p.top_p}")
+
+
+def validate(opts: SynthesisOptions, cfg: TTSConfig) -> SynthesisOptions:
+    """Check options against the model; returns them with the speaker resolved and names lowercased."""
+    speaker = (opts.speaker or next(iter(cfg.talker.spk_id), "")).lower() or None
+    if speaker is not None and speaker not in cfg.talker.spk_id:
+        raise InputError(f"unknown speaker {opts.speaker!r}", hint=f"speakers: {', '.join(cfg.speakers)}")
+    language = opts.language.lower()
+    if language != "auto" and language not in cfg.talker.codec_language_id:
+        raise InputError(f"unknown language {opts.language!r}", hint=f"languages: {', '.join(cfg.languages)}")
+    if opts.text_layout not in TEXT_LAYOUTS:
+        raise InputError(f"unknown text layout {opts.text_layout!r}", hint=f"use one of {', '.join(TEXT_LAYOUTS)}")
+    _check_sampling("talker", opts.talker)
+    _check_sampling("code-predictor", opts.predictor)
+    if not (opts.repetition_penalty > 0 and math.isfinite(opts.repetition_penalty)):
+        raise InputError(f"repetition penalty must be > 0, got {opts.repetition_penalty}", hint="1.0 disables it")
+    if opts.max_frames < 1:
+        raise InputError(f"max frames must be >= 1, got {opts.max_frames}")
+    instruct = opts.instruct or None
+    return replace(opts, speaker=speaker, language=language, instruct=instruct)

@@ -1,0 +1,96 @@
+"""Text -> codes -> waveform for one utterance, composed from the prompt, decoding loop and codec."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from .config import TTSConfig
+from .generate import DecodeStats, generate_frames
+from .options import SynthesisOptions, guard_frames, validate
+from .prompt import build_prompt, wrap_instruct, wrap_text
+from .talker import TTSModel
+
+
+@dataclass
+class Synthesis:
+    codes: torch.Tensor  # [F, 16] int64
+    audio: np.ndarray  # [F * samples_per_frame] float32 in [-1, 1]
+    sample_rate: int
+    stats: DecodeStats
+    warnings: list[str] = field(default_factory=list)
+    elapsed_s: float = 0.0
+
+    @property
+    def duration_s(self) -> float:
+        return len(self.audio) / self.sample_rate
+
+    @property
+    def realtime_factor(self) -> float:
+        """xRT: audio seconds per wall second (bigger is faster)."""
+        return self.duration_s / self.elapsed_s if self.elapsed_s > 0 else float("inf")
+
+
+def make_generator(seed: int | None) -> torch.Generator:
+    """CPU generator: seeded like `torch.manual_seed(seed)`, or from fresh entropy when seed is None."""
+    g = torch.Generator(device="cpu")
+    if seed is None:
+        g.seed()
+    else:
+        g.manual_seed(seed)
+    return g
+
+
+class Synthesizer:
+    """Holds a loaded model (talker + code predictor), its codec decoder and its text tokenizer."""
+
+    def __init__(self, tts: TTSModel, codec, cfg: TTSConfig, tokenize: Callable[[str], list[int]], sample_rate: int):
+        self.tts, self.codec, self.cfg, self.tokenize, self.sample_rate = tts, codec, cfg, tokenize, sample_rate
+
+    def generate_codes(self, text: str, opts: SynthesisOptions) -> tuple[torch.Tensor, DecodeStats, list[str]]:
+        """Codes [F, 16] for `text`; also the decoding counters and any warnings for the user."""
+        opts = validate(opts, self.cfg)
+        warnings: list[str] = []
+        instruct_ids = None
+        if opts.instruct and not self.cfg.supports_instruct:
+            warnings.append("this model size ignores --instruct (only 1.7B models follow instructions)")
+        elif opts.instruct:
+            instruct_ids = self.tokenize(wrap_instruct(opts.instruct))
+        ids = self.tokenize(wrap_text(text))
+        talker = self.tts.talker
+        prompt = build_prompt(talker, self.cfg, ids, opts.speaker, opts.language, opts.text_layout, instruct_ids)
+        cap = opts.max_frames
+        guard = guard_frames(prompt.n_text_tokens) if opts.runaway_guard else cap
+        stats = DecodeStats()
+        gen = make_generator(opts.seed) if any((opts.talker.do_sample, opts.predictor.do_sample)) else None
+        frames = list(generate_frames(talker, prompt, opts, min(cap, guard), gen, stats))
+        if stats.stop_reason == "max_frames" and guard < cap:
+            stats.stop_reason = "guard"
+            warnings.append(
+                f"stopped at {guard} frames ({guard * 0.08:.1f} s), the runaway cap for {prompt.n_text_tokens} "
+                "text tokens, without an end of speech (--no-guard lifts this cap)"
+            )
+        codes = torch.stack(frames) if frames else torch.zeros((0, 16), dtype=torch.long)
+        return codes, stats, warnings
+
+    @torch.inference_mode()
+    def decode(self, codes: torch.Tensor) -> np.ndarray:
+        """Codes [F, 16] -> float32 waveform, with the reference 300/25-frame chunking."""
+        if codes.shape[0] == 0:
+            return np.zeros(0, dtype=np.float32)
+        wav = self.codec.chunked_decode(codes.T[None].to(self.codec_device))  # [1, 1, N]
+        return wav.reshape(-1).float().cpu().numpy()
+
+    @property
+    def codec_device(self) -> torch.device:
+        return next(self.codec.parameters()).device
+
+    def synthesize(self, text: str, opts: SynthesisOptions) -> Synthesis:
+        t0 = time.perf_counter()
+        codes, stats, warnings = self.generate_codes(text, opts)
+        audio = self.decode(codes)
+        return Synthesis(codes, audio, self.sample_rate, stats, warnings, time.perf_counter() - t0)

@@ -1,0 +1,137 @@
+"""The Qwen3 decoder stack used by both the talker and the code predictor, with a preallocated KV cache.
+
+The cache is a pair of buffers per layer, written at explicit slots; attention reads the slots [0, end).
+Static buffer shapes keep torch.compile and Core ML export possible; rewinding is moving `end` back.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .config import TransformerConfig
+from .layers import RMSNorm, SwiGLU, apply_rope, rope_cos_sin, rope_inv_freq
+
+
+class KVCache(nn.Module):
+    """Keys and values of one layer: [B, n_kv, max_len, head_dim] each."""
+
+    def __init__(self, batch: int, n_kv: int, max_len: int, head_dim: int, dtype: torch.dtype, device=None):
+        super().__init__()
+        shape = (batch, n_kv, max_len, head_dim)
+        self.register_buffer("k", torch.zeros(shape, dtype=dtype, device=device), persistent=False)
+        self.register_buffer("v", torch.zeros(shape, dtype=dtype, device=device), persistent=False)
+
+    def write(self, start: int, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Store k, v [B, n_kv, T, D] in slots start .. start+T-1."""
+        end = start + k.shape[2]
+        self.k[:, :, start:end] = k
+        self.v[:, :, start:end] = v
+
+
+class Attention(nn.Module):
+    """Multi-head attention with per-head RMS QK-norm before RoPE and grouped KV heads."""
+
+    def __init__(self, cfg: TransformerConfig):
+        super().__init__()
+        self.n_heads, self.n_kv, self.head_dim = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        self.q_proj = nn.Linear(cfg.hidden_size, self.n_heads * self.head_dim, bias=False)
+        self.k_proj = nn.Linear(cfg.hidden_size, self.n_kv * self.head_dim, bias=False)
+        self.v_proj = nn.Linear(cfg.hidden_size, self.n_kv * self.head_dim, bias=False)
+        self.o_proj = nn.Linear(self.n_heads * self.head_dim, cfg.hidden_size, bias=False)
+        self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
+        self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        cache: KVCache,
+        start: int,
+        mask: torch.Tensor | None,
+    ) -> torch.Tensor:
+        b, t, _ = x.shape
+        q = self.q_norm(self.q_proj(x).view(b, t, self.n_heads, self.head_dim)).transpose(1, 2)  # [B, H, T, D]
+        k = self.k_norm(self.k_proj(x).view(b, t, self.n_kv, self.head_dim)).transpose(1, 2)  # [B, KV, T, D]
+        v = self.v_proj(x).view(b, t, self.n_kv, self.head_dim).transpose(1, 2)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        cache.write(start, k, v)
+        end = start + t
+        rep = self.n_heads // self.n_kv
+        keys = cache.k[:, :, :end].repeat_interleave(rep, dim=1)  # [B, H, S, D]
+        values = cache.v[:, :, :end].repeat_interleave(rep, dim=1)
+        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask)  # [B, H, T, D]
+        return self.o_proj(out.transpose(1, 2).reshape(b, t, self.n_heads * self.head_dim))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: TransformerConfig):
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = Attention(cfg)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = SwiGLU(cfg.hidden_size, cfg.intermediate_size)
+
+    def forward(self, x, cos, sin, cache, start, mask):
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, cache, start, mask)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+def causal_mask(start: int, t: int, device=None) -> torch.Tensor | None:
+    """Boolean [T, start+T] mask (True = may attend) for T new rows after `start` cached ones; None for T = 1."""
+    if t == 1:
+        return None
+    rows = torch.arange(start, start + t, device=device)[:, None]
+    cols = torch.arange(start + t, device=device)[None, :]
+    return cols <= rows
+
+
+class DecoderStack(nn.Module):
+    """Layers + final norm over input embeddings. Call `setup_cache` before `forward`."""
+
+    def __init__(self, cfg: TransformerConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_hidden_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.caches: nn.ModuleList | None = None
+
+    def setup_cache(self, max_len: int, batch: int = 1, dtype: torch.dtype | None = None) -> None:
+        """Allocate KV buffers for `max_len` positions and the RoPE table (reused if already big enough)."""
+        p = next(self.layers.parameters())
+        dtype = dtype or p.dtype
+        c = self.cfg
+        if self.caches is not None and self.cache_len >= max_len and self.caches[0].k.dtype == dtype:
+            return
+        self.caches = nn.ModuleList(
+            KVCache(batch, c.num_key_value_heads, max_len, c.head_dim, dtype, p.device) for _ in self.layers
+        )
+        inv_freq = rope_inv_freq(c.head_dim, c.rope_theta).to(p.device)
+        cos, sin = rope_cos_sin(inv_freq, torch.arange(max_len, device=p.device), dtype)
+        self.register_buffer("rope_cos", cos, persistent=False)
+        self.register_buffer("rope_sin", sin, persistent=False)
+
+    @property
+    def cache_len(self) -> int:
+        return 0 if self.caches is None else self.caches[0].k.shape[2]
+
+    def kv_bytes(self, used: int) -> int:
+        """Bytes of K and V held for `used` positions."""
+        if self.caches is None:
+            return 0
+        k = self.caches[0].k
+        return 2 * len(self.caches) * k.shape[0] * k.shape[1] * used * k.shape[3] * k.element_size()
+
+    def forward(self, x: torch.Tensor, start: int, mask: torch.Tensor | None = None) -> torch.Tensor:
+        """x [B, T, H] embeddings at positions start..start+T-1 -> final-normed hidden states [B, T, H]."""
+        t = x.shape[1]
+        if self.caches is None or start + t > self.cache_len:
+            raise RuntimeError(f"KV cache too small: need {start + t} positions, have {self.cache_len}")
+        cos, sin = self.rope_cos[start : start + t], self.rope_sin[start : start + t]
+        if mask is None:
+            mask = causal_mask(start, t, x.device)
+        for layer, cache in zip(self.layers, self.caches, strict=True):
+            x = layer(x, cos, sin, cache, start, mask)
+        return self.norm(x)

@@ -1,0 +1,1 @@
+"""leapvox model assets: catalog, loading checkpoint folders, recipes."""

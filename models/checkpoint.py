@@ -1,0 +1,191 @@
+"""Load a Qwen3-TTS 12 Hz CustomVoice checkpoint folder (Hugging Face layout) into engine networks.
+
+Weights are read with safetensors (memory-mapped, never pickle) into modules built on the meta device,
+by their exact official key names. Anything missing, unexpected or mis-shaped is one clear error naming the
+key and the file.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from leapvox.engine.codec import CodecConfig, CodecDecoder
+from leapvox.engine.config import TTSConfig
+from leapvox.engine.errors import CheckpointError, ModelNotFoundError
+from leapvox.engine.options import SynthesisOptions
+from leapvox.engine.sampling import SamplingParams
+from leapvox.engine.synthesis import Synthesizer
+from leapvox.engine.talker import TTSModel
+
+from .tokenizer import TextTokenizer
+
+CODEC_PREFIX = "decoder."  # the speech tokenizer file also holds the encoder, unused for synthesis
+DTYPES = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16}
+
+
+@dataclass
+class LoadedModel:
+    path: Path
+    config: TTSConfig
+    tts: TTSModel
+    codec: CodecDecoder
+    tokenizer: TextTokenizer
+    defaults: SynthesisOptions
+    sample_rate: int
+
+    def synthesizer(self) -> Synthesizer:
+        return Synthesizer(self.tts, self.codec, self.config, self.tokenizer, self.sample_rate)
+
+
+def read_json(path: Path) -> dict[str, Any]:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise CheckpointError(f"missing {path.name} in {path.parent}", hint="download the model again") from None
+    except (OSError, ValueError) as e:
+        raise CheckpointError(f"cannot read {path}: {e}", hint="download the model again") from None
+
+
+def check_folder(path: Path) -> Path:
+    """A folder with config.json, or a one-line error saying what was expected."""
+    path = Path(path).expanduser()
+    if not path.exists():
+        raise ModelNotFoundError(
+            f"no model at {path}", hint="give a checkpoint folder (config.json, model.safetensors, speech_tokenizer/)"
+        )
+    if not (path / "config.json").is_file():
+        raise ModelNotFoundError(
+            f"{path} is not a Qwen3-TTS checkpoint folder (no config.json)",
+            hint="a checkpoint folder holds config.json, model.safetensors, vocab.json, merges.txt, speech_tokenizer/",
+        )
+    return path
+
+
+def _weight_files(folder: Path, stem: str) -> list[Path]:
+    index = folder / f"{stem}.safetensors.index.json"
+    if index.is_file():
+        return sorted({folder / f for f in read_json(index)["weight_map"].values()})
+    single = folder / f"{stem}.safetensors"
+    if not single.is_file():
+        raise CheckpointError(f"missing {single.name} in {folder}", hint="download the model again")
+    return [single]
+
+
+def read_tensors(files: list[Path], prefix: str = "") -> dict[str, tuple[torch.Tensor, Path]]:
+    """Tensors whose key starts with `prefix` (stripped), each with the file it came from."""
+    from safetensors import safe_open
+
+    out = {}
+    for f in files:
+        try:
+            with safe_open(str(f), framework="pt") as st:
+                for key in st.keys():  # noqa: SIM118 - safe_open is not a mapping
+                    if key.startswith(prefix):
+                        out[key[len(prefix) :]] = (st.get_tensor(key), f)
+        except Exception as e:  # safetensors raises its own error types for bad headers and short files
+            raise CheckpointError(
+                f"{f} is damaged (truncated or not a safetensors file): {e}", hint="delete it and download it again"
+            ) from None
+    return out
+
+
+def load_weights(module: nn.Module, tensors: dict[str, tuple[torch.Tensor, Path]], prefix: str, dtype) -> None:
+    """Assign `tensors` to a meta-device `module` by exact key, checking names and shapes first."""
+    expected = module.state_dict()
+    where = sorted({str(f) for _, f in tensors.values()}) or ["(no file)"]
+    missing = [k for k in expected if k not in tensors]
+    if missing:
+        more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+        raise CheckpointError(
+            f"tensor {prefix}{missing[0]} is missing from {where[0]}{more}",
+            hint="the file does not match config.json; download the model again",
+        )
+    unexpected = [k for k in tensors if k not in expected]
+    if unexpected:
+        raise CheckpointError(
+            f"unexpected tensor {prefix}{unexpected[0]} in {tensors[unexpected[0]][1]}",
+            hint="the file does not match config.json (wrong model type or size?)",
+        )
+    state = {}
+    for key, ref in expected.items():
+        t, f = tensors[key]
+        if tuple(t.shape) != tuple(ref.shape):
+            raise CheckpointError(
+                f"tensor {prefix}{key} in {f} has shape {list(t.shape)}, config.json implies {list(ref.shape)}",
+                hint="the file does not match config.json; download the model again",
+            )
+        state[key] = t.to(dtype) if t.is_floating_point() else t
+    module.load_state_dict(state, strict=True, assign=True)
+
+
+def generation_defaults(folder: Path) -> SynthesisOptions:
+    """SynthesisOptions seeded from generation_config.json (falling back to the reference's hard defaults)."""
+    path = folder / "generation_config.json"
+    g = read_json(path) if path.is_file() else {}
+    talker = SamplingParams(
+        do_sample=bool(g.get("do_sample", True)),
+        temperature=float(g.get("temperature", 0.9)),
+        top_k=int(g.get("top_k", 50)),
+        top_p=float(g.get("top_p", 1.0)),
+    )
+    predictor = SamplingParams(
+        do_sample=bool(g.get("subtalker_dosample", True)),
+        temperature=float(g.get("subtalker_temperature", 0.9)),
+        top_k=int(g.get("subtalker_top_k", 50)),
+        top_p=float(g.get("subtalker_top_p", 1.0)),
+    )
+    max_frames = int(g.get("max_new_tokens", 2048)) - 1
+    return SynthesisOptions(
+        talker=talker,
+        predictor=predictor,
+        repetition_penalty=float(g.get("repetition_penalty", 1.05)),
+        max_frames=max_frames,
+    )
+
+
+def load_config(folder: Path) -> TTSConfig:
+    raw = read_json(folder / "config.json")
+    try:
+        cfg = TTSConfig.from_dict(raw)
+    except TypeError as e:
+        raise CheckpointError(f"config.json in {folder} lacks a required value: {e}") from None
+    if cfg.tts_model_type != "custom_voice":
+        raise CheckpointError(
+            f"{folder} is a {cfg.tts_model_type!r} model; leapvox speaks with CustomVoice models",
+            hint="use a *-CustomVoice checkpoint",
+        )
+    return cfg
+
+
+def load_model(path: str | Path, dtype: str | torch.dtype = torch.float32, device: str = "cpu") -> LoadedModel:
+    """Load config, weights, text tokenizer and codec decoder from a checkpoint folder."""
+    folder = check_folder(Path(path))
+    dtype = DTYPES[dtype] if isinstance(dtype, str) else dtype
+    cfg = load_config(folder)
+    speech = folder / "speech_tokenizer"
+    codec_raw = read_json(speech / "config.json")
+    if codec_raw.get("model_type", "qwen3_tts_tokenizer_12hz") != "qwen3_tts_tokenizer_12hz":
+        raise CheckpointError(f"unsupported speech tokenizer type {codec_raw.get('model_type')!r} in {speech}")
+    try:
+        codec_cfg = CodecConfig.from_dict(codec_raw)
+    except (TypeError, ValueError) as e:
+        raise CheckpointError(f"speech_tokenizer/config.json in {folder} is not usable: {e}") from None
+    with torch.device("meta"):
+        tts = TTSModel(cfg.talker)
+        codec = CodecDecoder(codec_cfg)
+    load_weights(tts, read_tensors(_weight_files(folder, "model")), "", dtype)
+    load_weights(codec, read_tensors(_weight_files(speech, "model"), CODEC_PREFIX), CODEC_PREFIX, dtype)
+    tts.to(device).eval()
+    codec.to(device).eval()
+    tokenizer = TextTokenizer(folder)
+    defaults = generation_defaults(folder)
+    speaker = next(iter(cfg.talker.spk_id), None)
+    return LoadedModel(
+        folder, cfg, tts, codec, tokenizer, replace(defaults, speaker=speaker), codec_cfg.output_sample_rate
+    )

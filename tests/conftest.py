@@ -1,0 +1,65 @@
+"""Shared test helpers: tiny random-weight models built in-process, and the reference fixture paths."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+REPO = Path(__file__).resolve().parent.parent
+FIXTURES = REPO / "tests" / "fixtures" / "reference"
+DESIGN_CONFIG = {
+    "im_start_token_id": 190,
+    "im_end_token_id": 191,
+    "assistant_token_id": 150,
+    "tts_pad_token_id": 192,
+    "tts_bos_token_id": 193,
+    "tts_eos_token_id": 194,
+    "tts_model_size": "0b6",
+    "tts_model_type": "custom_voice",
+    "talker_config": {
+        "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
+        "num_key_value_heads": 2, "head_dim": 16, "rms_norm_eps": 1e-6, "rope_theta": 1000000,
+        "vocab_size": 3072, "text_vocab_size": 200, "text_hidden_size": 48, "num_code_groups": 16,
+        "codec_pad_id": 2148, "codec_bos_id": 2149, "codec_eos_token_id": 2150, "codec_think_id": 2154,
+        "codec_nothink_id": 2155, "codec_think_bos_id": 2156, "codec_think_eos_id": 2157,
+        "codec_language_id": {"english": 2050, "chinese": 2055, "sichuan_dialect": 2062, "beijing_dialect": 2074},
+        "spk_id": {"ryan": 3061, "eric": 2875, "dylan": 2878},
+        "spk_is_dialect": {"ryan": False, "eric": "sichuan_dialect", "dylan": "beijing_dialect"},
+        "some_future_key": [1, 2, 3],
+        "code_predictor_config": {
+            "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+            "num_key_value_heads": 2, "head_dim": 8, "rms_norm_eps": 1e-6, "rope_theta": 1000000,
+            "vocab_size": 64, "num_code_groups": 16,
+        },
+    },
+}
+
+
+def tiny_config_dict(**talker_overrides) -> dict:
+    d = copy.deepcopy(DESIGN_CONFIG)
+    d["talker_config"].update(talker_overrides)
+    return d
+
+
+@pytest.fixture
+def tiny_model():
+    """(TTSConfig, TTSModel) with random weights scaled so logits have a spread of a few units."""
+    from leapvox.engine.config import TTSConfig
+    from leapvox.engine.talker import TTSModel
+
+    torch.manual_seed(0)
+    cfg = TTSConfig.from_dict(tiny_config_dict())
+    model = TTSModel(cfg.talker).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() == 2 and "norm" not in name:
+                p.normal_(0, 1.0 / p.shape[1] ** 0.5 if "embedding" not in name else 1.0)
+    return cfg, model
+
+
+def load_expected() -> dict:
+    return json.loads((FIXTURES / "expected.json").read_text())
