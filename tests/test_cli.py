@@ -1,0 +1,167 @@
+"""`leapvox` CLI: exit codes, stdout purity, one-line errors, atomic writes, damaged checkpoints."""
+
+from __future__ import annotations
+
+import io
+import json
+import shutil
+import subprocess
+import sys
+
+import pytest
+import soundfile as sf
+from safetensors.torch import load_file, save_file
+
+from leapvox.app.cli import main
+from leapvox.app.files import write_bytes_atomic
+
+from .conftest import FIXTURES
+
+MODEL = FIXTURES / "tiny-0b6"
+FAST = ["--max-frames", "3", "--greedy"]
+
+
+def run(capsys, *argv):
+    code = main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def one_line_error(err: str) -> str:
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert len(lines) == 1, err
+    assert "Traceback" not in err
+    return lines[0]
+
+
+def test_speak_writes_wav(tmp_path, capsys):
+    out = tmp_path / "x.wav"
+    code, stdout, err = run(capsys, "speak", "Hello world.", "-o", out, "--model", MODEL, *FAST, "--codes",
+                            tmp_path / "codes.json")
+    assert code == 0 and stdout == ""
+    audio, sr = sf.read(out)
+    codes = json.loads((tmp_path / "codes.json").read_text())
+    assert sr == 24000 and audio.ndim == 1 and len(audio) == 1920 * len(codes) and len(codes) <= 3
+    assert "wrote" in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["codes.json", "x.wav"]  # no temp files left
+
+
+def test_stdout_is_pure_wav_and_stdin_text():
+    proc = subprocess.run(
+        [sys.executable, "-m", "leapvox.app.cli", "speak", "-", "-o", "-", "--model", str(MODEL), *FAST],
+        input=b"Hello from a pipe.",
+        capture_output=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr.decode()
+    audio, sr = sf.read(io.BytesIO(proc.stdout))
+    assert proc.stdout[:4] == b"RIFF" and sr == 24000 and len(audio) % 1920 == 0 and len(audio) > 0
+    assert b"wrote standard output" in proc.stderr
+
+
+def test_help_is_fast_path_and_exits_zero():
+    proc = subprocess.run(["leapvox", "speak", "--help"], capture_output=True, timeout=60)
+    assert proc.returncode == 0 and b"--max-frames" in proc.stdout
+
+
+@pytest.mark.parametrize(
+    "argv, needle",
+    [
+        (["speak", "   ", "-o", "{tmp}/x.wav", "--model", MODEL], "text is empty"),
+        (["speak", "Hi.", "-o", "{tmp}/x.wav", "--model", MODEL, "--speaker", "nobody"], "unknown speaker"),
+        (["speak", "Hi.", "-o", "{tmp}/x.wav", "--model", MODEL, "--language", "klingon"], "unknown language"),
+        (["speak", "Hi.", "-o", "{tmp}/x.wav", "--model", "{tmp}/nowhere"], "no model at"),
+        (["speak", "Hi.", "-o", "{tmp}/x.wav", "--model", "{tmp}"], "not a Qwen3-TTS checkpoint"),
+        (["speak", "Hi.", "--model", MODEL], "no output given"),
+        (["speak", "Hi.", "-o", "{tmp}/no/such/dir/x.wav", "--model", MODEL], "folder does not exist"),
+        (["speak", "Hi.", "-o", "{tmp}/x.wav", "--model", MODEL, "--temperature", "0"], "temperature"),
+        (["speak", "-o", "{tmp}/x.wav", "--model", MODEL], "no text given"),
+        (["speakers", "--model", "{tmp}/nowhere"], "no model at"),
+    ],
+)
+def test_user_errors_exit_2_with_one_line(tmp_path, capsys, argv, needle):
+    argv = [str(a).replace("{tmp}", str(tmp_path)) for a in argv]
+    code, out, err = run(capsys, *argv)
+    assert code == 2 and out == ""
+    assert needle in one_line_error(err)
+    assert not (tmp_path / "x.wav").exists()
+
+
+def _copy_model(tmp_path):
+    dst = tmp_path / "model"
+    shutil.copytree(MODEL, dst)
+    return dst
+
+
+def _speak_with(tmp_path, capsys, model):
+    return run(capsys, "speak", "Hi.", "-o", tmp_path / "x.wav", "--model", model, *FAST)
+
+
+def test_truncated_safetensors_is_one_line_exit_1(tmp_path, capsys):
+    model = _copy_model(tmp_path)
+    f = model / "model.safetensors"
+    f.write_bytes(f.read_bytes()[: f.stat().st_size // 2])
+    code, _, err = _speak_with(tmp_path, capsys, model)
+    line = one_line_error(err)
+    assert code == 1 and "model.safetensors is damaged" in line
+
+
+def test_garbage_safetensors_is_one_line_exit_1(tmp_path, capsys):
+    model = _copy_model(tmp_path)
+    (model / "speech_tokenizer" / "model.safetensors").write_bytes(b"not a safetensors file at all")
+    code, _, err = _speak_with(tmp_path, capsys, model)
+    assert code == 1 and "damaged" in one_line_error(err)
+
+
+def test_wrong_shape_and_missing_key_name_the_key_and_file(tmp_path, capsys):
+    model = _copy_model(tmp_path)
+    f = model / "model.safetensors"
+    tensors = load_file(f)
+    key = "talker.codec_head.weight"
+    tensors[key] = tensors[key][:, :-1].contiguous()
+    save_file(tensors, f)
+    code, _, err = _speak_with(tmp_path, capsys, model)
+    line = one_line_error(err)
+    assert code == 1 and key in line and "model.safetensors" in line and "shape" in line
+
+    del tensors[key]
+    save_file(tensors, f)
+    code, _, err = _speak_with(tmp_path, capsys, model)
+    line = one_line_error(err)
+    assert code == 1 and key in line and "missing" in line
+
+
+def test_unexpected_key_is_reported(tmp_path, capsys):
+    model = _copy_model(tmp_path)
+    f = model / "model.safetensors"
+    tensors = load_file(f)
+    tensors["talker.extra.weight"] = tensors["talker.codec_head.weight"][:2].clone()
+    save_file(tensors, f)
+    code, _, err = _speak_with(tmp_path, capsys, model)
+    assert code == 1 and "unexpected tensor talker.extra.weight" in one_line_error(err)
+
+
+def test_speakers_lists_speakers_and_languages(capsys):
+    code, out, _ = run(capsys, "speakers", "--model", MODEL)
+    assert code == 0
+    assert "ryan" in out and "eric" in out and "sichuan_dialect" in out and "auto" in out
+
+
+def test_instruct_on_small_model_warns(tmp_path, capsys):
+    code, _, err = run(capsys, "speak", "Hi.", "-o", tmp_path / "x.wav", "--model", MODEL, *FAST,
+                       "--instruct", "Speak slowly.")
+    assert code == 0 and "warning:" in err and "instruct" in err
+
+
+def test_atomic_write_keeps_old_file_on_interrupt(tmp_path, monkeypatch):
+    target = tmp_path / "keep.wav"
+    target.write_bytes(b"old")
+
+    def boom(*_):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr("os.fsync", boom)
+    with pytest.raises(KeyboardInterrupt):
+        write_bytes_atomic(target, b"new data")
+    assert target.read_bytes() == b"old"
+    assert [p.name for p in tmp_path.iterdir()] == ["keep.wav"]
