@@ -79,20 +79,31 @@ def build_parser() -> argparse.ArgumentParser:
     k = sub.add_parser("speakers", help="list a model's speakers and languages")
     _model_args(k)
     k.set_defaults(func=cmd_speakers)
+
+    from leapvox.app.models_cmd import add_commands
+
+    add_commands(sub)
     return p
 
 
 def _model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
-        "--model", default=os.environ.get("LEAPVOX_MODEL"), help="checkpoint folder (default: $LEAPVOX_MODEL)"
+        "--model",
+        default=os.environ.get("LEAPVOX_MODEL"),
+        help="catalog name (leapvox models list), Hub repo org/name[@revision] or checkpoint folder "
+        "(default: $LEAPVOX_MODEL)",
     )
     p.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32", help="weights and compute (default fp32)")
 
 
 def _require_model(args) -> str:
     if not args.model:
-        raise UsageError("no model given", hint="pass --model PATH to a Qwen3-TTS CustomVoice folder")
+        raise UsageError("no model given", hint="pass --model qwen3-tts-0.6b, or --model PATH to a checkpoint folder")
     return args.model
+
+
+def _quiet_or(args, tell):
+    return (lambda msg: None) if args.quiet else (lambda msg: tell(f"leapvox: {msg}"))
 
 
 def read_text(args) -> str:
@@ -153,9 +164,14 @@ def cmd_speak(args) -> int:
         raise UsageError("no output given", hint="add -o out.wav, or -o - to write the WAV to standard output")
     if args.output != "-" and not Path(args.output).expanduser().parent.is_dir():
         raise UsageError(f"cannot write {args.output}: its folder does not exist")
+    from leapvox.models.hub import resolve_model_path
+
+    folder = resolve_model_path(
+        _require_model(args), pull=True, say=_quiet_or(args, say), progress=sys.stderr.isatty() and not args.quiet
+    )
     from leapvox.models.checkpoint import load_model
 
-    model = load_model(_require_model(args), dtype=args.dtype)
+    model = load_model(folder, dtype=args.dtype)
     result = model.synthesizer().synthesize(text, speak_options(args, model.defaults))
     for w in result.warnings:
         say(f"warning: {w}")
@@ -182,9 +198,12 @@ def cmd_speak(args) -> int:
 
 
 def cmd_speakers(args) -> int:
-    from leapvox.models.checkpoint import check_folder, load_config
+    from leapvox.models.hub import resolve_model_path
 
-    cfg = load_config(check_folder(Path(_require_model(args))))
+    folder = resolve_model_path(_require_model(args), pull=False)
+    from leapvox.models.checkpoint import load_config
+
+    cfg = load_config(folder)
     tc = cfg.talker
     print("speakers:")
     for name in tc.spk_id:

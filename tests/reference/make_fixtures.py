@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import shutil
 import sys
 from pathlib import Path
@@ -30,22 +29,20 @@ sys.path.insert(0, str(HERE / "stubs"))  # empty sox / onnxruntime / torchaudio 
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
-from safetensors.torch import save_file  # noqa: E402
-
 import transformers  # noqa: E402
-import qwen_tts  # noqa: E402
 from qwen_tts.core.models import Qwen3TTSConfig, Qwen3TTSForConditionalGeneration  # noqa: E402
+from qwen_tts.core.models.modeling_qwen3_tts import Qwen3TTSRMSNorm  # noqa: E402
 from qwen_tts.core.tokenizer_12hz.configuration_qwen3_tts_tokenizer_v2 import Qwen3TTSTokenizerV2Config  # noqa: E402
 from qwen_tts.core.tokenizer_12hz.modeling_qwen3_tts_tokenizer_v2 import (  # noqa: E402
-    Qwen3TTSTokenizerV2Model,
-    SnakeBeta,
     EuclideanCodebook,
     Qwen3TTSTokenizerV2ConvNeXtBlock,
     Qwen3TTSTokenizerV2DecoderLayerScale,
     Qwen3TTSTokenizerV2DecoderRMSNorm,
+    Qwen3TTSTokenizerV2Model,
+    SnakeBeta,
 )
-from qwen_tts.core.models.modeling_qwen3_tts import Qwen3TTSRMSNorm  # noqa: E402
 from qwen_tts.inference.qwen3_tts_model import Qwen3TTSModel  # noqa: E402
+from safetensors.torch import save_file  # noqa: E402
 
 OUT = REPO / "tests" / "fixtures" / "reference"
 
@@ -101,7 +98,7 @@ def bytes_to_unicode():
             bs.append(b)
             cs.append(256 + n)
             n += 1
-    return dict(zip(bs, [chr(c) for c in cs]))
+    return dict(zip(bs, [chr(c) for c in cs], strict=False))
 
 
 # Words (after GPT-2 byte->unicode mapping; "Ġ" = leading space) that must become ONE token.
@@ -300,7 +297,7 @@ def _normal_(t, std, g):
 def init_tts_model(model, seed, eos_gain):
     g = torch.Generator().manual_seed(seed)
     talker = model.talker
-    for name, mod in model.named_modules():
+    for _name, mod in model.named_modules():
         if isinstance(mod, torch.nn.Linear):
             fan_in = mod.weight.shape[1]
             _normal_(mod.weight, 1.0 / math.sqrt(fan_in), g)
@@ -324,7 +321,7 @@ def init_tts_model(model, seed, eos_gain):
 @torch.no_grad()
 def init_speech_tokenizer(st, seed):
     g = torch.Generator().manual_seed(seed)
-    for name, mod in st.named_modules():
+    for _name, mod in st.named_modules():
         if isinstance(mod, (torch.nn.Conv1d,)):
             fan_in = mod.weight.shape[1] * mod.weight.shape[2]
             _normal_(mod.weight, 1.0 / math.sqrt(fan_in), g)
