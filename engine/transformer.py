@@ -113,6 +113,12 @@ class DecoderStack(nn.Module):
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
 
+    def move_rows(self, src: torch.Tensor, dst: int) -> None:
+        """Copy cached K/V rows at slots `src` [n] to slots dst..dst+n-1 (commit an accepted draft path)."""
+        for c in self.caches:
+            c.k[:, :, dst : dst + len(src)] = c.k[:, :, src]
+            c.v[:, :, dst : dst + len(src)] = c.v[:, :, src]
+
     @property
     def cache_len(self) -> int:
         return 0 if self.caches is None else self.caches[0].k.shape[2]
@@ -124,12 +130,24 @@ class DecoderStack(nn.Module):
         k = self.caches[0].k
         return 2 * len(self.caches) * k.shape[0] * k.shape[1] * used * k.shape[3] * k.element_size()
 
-    def forward(self, x: torch.Tensor, start: int, mask: torch.Tensor | None = None) -> torch.Tensor:
-        """x [B, T, H] embeddings at positions start..start+T-1 -> final-normed hidden states [B, T, H]."""
+    def forward(
+        self,
+        x: torch.Tensor,
+        start: int,
+        mask: torch.Tensor | None = None,
+        positions: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """x [B, T, H] written to cache slots start..start+T-1 -> final-normed hidden states [B, T, H].
+
+        RoPE positions default to the slots; a draft tree passes its own `positions` [T] and `mask`.
+        """
         t = x.shape[1]
         if self.caches is None or start + t > self.cache_len:
             raise RuntimeError(f"KV cache too small: need {start + t} positions, have {self.cache_len}")
-        cos, sin = self.rope_cos[start : start + t], self.rope_sin[start : start + t]
+        if positions is None:
+            cos, sin = self.rope_cos[start : start + t], self.rope_sin[start : start + t]
+        else:
+            cos, sin = self.rope_cos[positions], self.rope_sin[positions]
         if mask is None:
             mask = causal_mask(start, t, x.device)
         for layer, cache in zip(self.layers, self.caches, strict=True):

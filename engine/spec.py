@@ -1,0 +1,293 @@
+"""`spec` mode: RVQ-position-aware speculative decoding of the code predictor's codes 1..15.
+
+Indexing. Predictor position p holds input p: 0 = talker hidden, 1 = C(code 0), g+1 = E_{g-1}(code g). The
+final-normed hidden h_p feeds head p-1, whose target is code p. **Drafting**: heads p-1+j read h_p + b_j
+(j = 1..K) and propose code p+j. Verification never sees the offsets b, so outputs keep ar's distribution.
+
+One verify call feeds the token just sampled (the root, code k, at position k+1) plus a sparse tree of drafts
+(a node at depth d is a candidate for code k+d at position k+1+d) under a tree mask: every row attends to the
+committed prefix, its ancestors and itself. The walk accepts children with lossless speculative sampling;
+the accepted rows' K/V are moved into place and the next code is sampled from the last accepted node, so a
+call always yields >= 1 code.
+
+Losslessness: the candidates of each depth are drawn from the draft distribution q WITHOUT replacement
+(Gumbel-top-k) and tried in that order; child x is accepted with probability min(1, p(x)/q(x)); on rejection
+p <- normalize(max(p - q, 0)) and x is removed from q (renormalised). Greedy decoding uses the top-ranked
+drafts and accepts a child iff it is the target's argmax, so greedy spec == greedy ar token for token.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from .code_predictor import CodePredictor
+from .sampling import SamplingParams, temperature_top_k_top_p
+
+
+@dataclass(frozen=True)
+class DraftTree:
+    """Node 0 is the root (the token just sampled). Node i > 0: parent[i] < i, depth[i] >= 1, rank[i] = which
+    draft candidate of its depth it carries. Nodes are ordered by depth."""
+
+    parent: tuple[int, ...] = (-1,)
+    depth: tuple[int, ...] = (0,)
+    rank: tuple[int, ...] = (0,)
+
+    @classmethod
+    def from_paths(cls, paths) -> DraftTree:
+        """Build from rank paths such as [(0,), (1,), (0, 0)]; every prefix of a path becomes a node too."""
+        nodes = {()}
+        for path in paths:
+            nodes.update(tuple(path[:i]) for i in range(1, len(path) + 1))
+        order = sorted(nodes, key=lambda p: (len(p), p))
+        index = {p: i for i, p in enumerate(order)}
+        return cls(
+            parent=tuple(index[p[:-1]] if p else -1 for p in order),
+            depth=tuple(len(p) for p in order),
+            rank=tuple(p[-1] if p else 0 for p in order),
+        )
+
+    @property
+    def size(self) -> int:
+        """Draft nodes, the root excluded."""
+        return len(self.parent) - 1
+
+    @property
+    def max_depth(self) -> int:
+        return max(self.depth)
+
+    def paths(self) -> list[tuple[int, ...]]:
+        out: list[tuple[int, ...]] = [()]
+        for i in range(1, len(self.parent)):
+            out.append(out[self.parent[i]] + (self.rank[i],))
+        return out
+
+    def pruned(self, max_depth: int) -> DraftTree:
+        """The nodes no deeper than `max_depth`."""
+        if self.max_depth <= max_depth:
+            return self
+        return DraftTree.from_paths(p for p in self.paths()[1:] if len(p) <= max_depth)
+
+    def widths(self) -> list[int]:
+        """Candidates needed per depth 1..max_depth."""
+        w = [0] * (self.max_depth + 1)
+        for d, r in zip(self.depth, self.rank, strict=True):
+            w[d] = max(w[d], r + 1)
+        return w[1:]
+
+    def children(self) -> list[list[int]]:
+        kids: list[list[int]] = [[] for _ in self.parent]
+        for i in range(1, len(self.parent)):
+            kids[self.parent[i]].append(i)
+        return [sorted(k, key=lambda i: self.rank[i]) for k in kids]
+
+    def ancestor_mask(self) -> torch.Tensor:
+        """[n, n] bool: row i may attend to column j iff j is i or one of its ancestors."""
+        n = len(self.parent)
+        mask = torch.eye(n, dtype=torch.bool)
+        for i in range(1, n):
+            mask[i] |= mask[self.parent[i]]
+        return mask
+
+
+def chain(depth: int) -> DraftTree:
+    return DraftTree.from_paths([(0,) * depth])
+
+
+# Used until a calibrated tree exists: 3 candidates at depth 1, top-1 chains below the best two.
+DEFAULT_TREE = DraftTree.from_paths([(0, 0, 0), (1, 0), (2,), (0, 1)])
+
+
+@dataclass
+class SpecStats:
+    calls: int = 0
+    tokens: int = 0
+    attempts: list[int] = field(default_factory=list)  # per depth: children tried at that depth
+    accepts: list[int] = field(default_factory=list)  # per depth: accepted
+
+    def record(self, depth: int, accepted: bool) -> None:
+        while len(self.attempts) < depth:
+            self.attempts.append(0)
+            self.accepts.append(0)
+        self.attempts[depth - 1] += 1
+        self.accepts[depth - 1] += int(accepted)
+
+    @property
+    def tokens_per_call(self) -> float:
+        return self.tokens / self.calls if self.calls else 0.0
+
+
+@dataclass
+class SpecDecoder:
+    """Draft tree + offsets b [K, Hc] (None: zero offsets, the reused-heads baseline)."""
+
+    tree: DraftTree = DEFAULT_TREE
+    offsets: torch.Tensor | None = None
+    stats: SpecStats = field(default_factory=SpecStats)
+
+    @property
+    def depth(self) -> int:
+        k = self.tree.max_depth
+        return min(k, self.offsets.shape[0]) if self.offsets is not None else k
+
+
+def _probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    return torch.softmax(temperature_top_k_top_p(logits[None].float(), params)[0], dim=-1)
+
+
+def draft(
+    cp: CodePredictor,
+    h: torch.Tensor,
+    k: int,
+    widths: list[int],
+    offsets: torch.Tensor | None,
+    params: SamplingParams,
+    generator: torch.Generator | None,
+) -> tuple[list[torch.Tensor], list[torch.Tensor | None]]:
+    """Candidates for codes k+1..k+len(widths) from the normed hidden h [Hc] at position k.
+
+    Returns per depth the candidate tokens [w] and (when sampling) the draft distribution q [V].
+    """
+    tokens, qs = [], []
+    for j, w in enumerate(widths, start=1):
+        hj = h if offsets is None else h + offsets[j - 1]
+        logits = cp.lm_head[k - 1 + j](hj).float()
+        if not params.do_sample:
+            tokens.append(torch.topk(logits, w).indices)
+            qs.append(None)
+            continue
+        q = _probs(logits, params)
+        tokens.append(sample_without_replacement(q, w, generator))
+        qs.append(q)
+    return tokens, qs
+
+
+def sample_without_replacement(q: torch.Tensor, w: int, generator: torch.Generator | None) -> torch.Tensor:
+    """Up to `w` distinct ids drawn from q [V] one after another without replacement (Gumbel-top-k)."""
+    w = min(w, int((q > 0).sum()))
+    gumbel = -torch.log(-torch.log(torch.rand(q.shape, generator=generator).clamp_min(1e-20)))
+    return torch.topk(q.log() + gumbel, w).indices
+
+
+def accept_child(
+    p: torch.Tensor, q: torch.Tensor, candidates: list[int], generator: torch.Generator | None
+) -> tuple[int | None, torch.Tensor]:
+    """Lossless multi-candidate rule. Returns (index of the accepted candidate or None, residual p)."""
+    q = q.clone()
+    for i, x in enumerate(candidates):
+        u = torch.rand((), generator=generator)
+        if q[x] > 0 and u * q[x] < p[x]:
+            return i, p
+        residual = (p - q).clamp_min(0)
+        total = residual.sum()
+        if total > 0:
+            p = residual / total
+        else:  # p == q up to rounding: acceptance was certain in exact arithmetic; drop x and carry on
+            p = p.clone()
+            p[x] = 0
+            p = p / p.sum()
+        q[x] = 0
+        if q.sum() <= 0:
+            break
+        q = q / q.sum()
+    return None, p
+
+
+@torch.inference_mode()
+def predict_codes_spec(
+    cp: CodePredictor,
+    talker_hidden: torch.Tensor,
+    code0_embed: torch.Tensor,
+    params: SamplingParams,
+    generator: torch.Generator | None,
+    spec: SpecDecoder,
+) -> torch.Tensor:
+    """Codes 1..15 of one frame [1, 15] with speculative verify calls (batch 1)."""
+    n = cp.num_heads
+    hid = cp.model(cp.prefill_rows(talker_hidden, code0_embed), 0)[0, -1]  # [Hc], position 1
+    tok = _sample(cp.lm_head[0](hid), params, generator)
+    codes, k = [tok], 1
+    stats = spec.stats
+    stats.calls += 1
+    stats.tokens += 1
+    while k < n:
+        tree = spec.tree.pruned(min(spec.depth, n - k))
+        path, next_tok, hid = _verify_and_walk(cp, tree, spec, k, tok, hid, params, generator)
+        codes.extend(path)
+        stats.calls += 1
+        stats.tokens += len(path) + (next_tok is not None)
+        k += len(path)
+        if next_tok is None:
+            break
+        codes.append(next_tok)
+        tok, k = next_tok, k + 1
+    return torch.tensor([codes], device=hid.device)
+
+
+def _sample(logits: torch.Tensor, params: SamplingParams, generator) -> int:
+    if not params.do_sample:
+        return int(torch.argmax(logits))
+    return int(torch.multinomial(_probs(logits, params), 1, generator=generator))
+
+
+def _verify_and_walk(cp, tree, spec, k, tok, h, params, generator):
+    """One call: root `tok` (code k) + the draft tree. Returns (accepted codes, next code or None, hidden)."""
+    n = cp.num_heads
+    widths = tree.widths() if tree.size else []
+    tokens, qs = draft(cp, h, k, widths, spec.offsets, params, generator)
+    # a sampled depth may have fewer candidates than the tree asks for (tiny support): drop those nodes
+    keep = [i for i in range(len(tree.parent)) if i == 0 or tree.rank[i] < len(tokens[tree.depth[i] - 1])]
+    if len(keep) < len(tree.parent):
+        tree = DraftTree.from_paths(p for i, p in enumerate(tree.paths()) if i in keep and p)
+    node_tok = [tok] + [int(tokens[d - 1][r]) for d, r in zip(tree.depth[1:], tree.rank[1:], strict=True)]
+    ids = torch.tensor(node_tok, device=h.device)
+    rows = torch.cat([cp.embed(k + d, ids[i : i + 1])[None] for i, d in enumerate(tree.depth)], dim=1)  # [1,N+1,Hc]
+    start = k + 1
+    nodes = len(tree.parent)
+    mask = torch.ones(nodes, start + nodes, dtype=torch.bool, device=h.device)
+    mask[:, start:] = tree.ancestor_mask().to(h.device)
+    positions = torch.tensor(tree.depth, device=h.device) + start
+    hidden = cp.model(rows, start, mask, positions)[0]  # [N+1, Hc]
+
+    kids = tree.children()
+    path, u = [], 0
+    while True:
+        code = k + tree.depth[u]  # node u carries this code; its head predicts code + 1
+        if code >= n:  # code 15 reached: the frame is complete
+            next_tok = None
+            break
+        logits = cp.lm_head[code](hidden[u]).float()
+        child = _walk_step(logits, [c for c in kids[u]], tree, node_tok, qs, params, generator, spec.stats)
+        if isinstance(child, tuple):  # rejected all children (or none): sample here
+            next_tok = child[0]
+            break
+        path.append(child)
+        u = child
+    src = torch.tensor(path, device=h.device) + start
+    if path:
+        cp.model.move_rows(src, start + 1)
+    return [node_tok[i] for i in path], next_tok, hidden[u]
+
+
+def _walk_step(logits, children, tree, node_tok, qs, params, generator, stats):
+    """Accept one of `children` (returns its node index) or sample the next code (returns a 1-tuple)."""
+    if not children:
+        return (_sample(logits, params, generator),)
+    depth = tree.depth[children[0]]
+    if not params.do_sample:
+        target = int(torch.argmax(logits))
+        for c in children:
+            ok = node_tok[c] == target
+            stats.record(depth, ok)
+            if ok:
+                return c
+        return (target,)
+    p = _probs(logits, params)
+    i, p = accept_child(p, qs[depth - 1], [node_tok[c] for c in children], generator)
+    for j in range(len(children) if i is None else i + 1):
+        stats.record(depth, j == i)
+    if i is not None:
+        return children[i]
+    return (int(torch.multinomial(p, 1, generator=generator)),)

@@ -1,0 +1,150 @@
+"""spec mode: draft tree, lossless acceptance, greedy equality with ar, KV commit."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+
+from leapvox.engine.code_predictor import CodePredictor
+from leapvox.engine.config import CodePredictorConfig
+from leapvox.engine.generate import predict_codes
+from leapvox.engine.sampling import SamplingParams, temperature_top_k_top_p
+from leapvox.engine.spec import (
+    DEFAULT_TREE,
+    DraftTree,
+    SpecDecoder,
+    accept_child,
+    chain,
+    predict_codes_spec,
+    sample_without_replacement,
+)
+
+# chi-square critical values at false-alarm rate 1e-4 (one test of many; a true failure is far above these)
+CHI2_CRIT = {5: 25.74, 63: 118.0}
+
+
+def chi_square(counts: torch.Tensor, probs: torch.Tensor) -> float:
+    expected = probs * counts.sum()
+    keep = expected > 0
+    assert counts[~keep].sum() == 0, "sampled an outcome of probability zero"
+    return float(((counts[keep] - expected[keep]) ** 2 / expected[keep]).sum())
+
+
+def test_tree_from_paths_orders_by_depth_and_masks_ancestors():
+    tree = DraftTree.from_paths([(0, 0, 0), (1, 0), (2,), (0, 1)])
+    assert tree.paths() == [(), (0,), (1,), (2,), (0, 0), (0, 1), (1, 0), (0, 0, 0)]
+    assert tree.depth == (0, 1, 1, 1, 2, 2, 2, 3) and tree.size == 7 and tree.widths() == [3, 2, 1]
+    mask = tree.ancestor_mask()
+    assert mask[7].nonzero().flatten().tolist() == [0, 1, 4, 7]  # (0,0,0) sees root, (0,), (0,0), itself
+    assert mask[6].nonzero().flatten().tolist() == [0, 2, 6]
+    assert not mask[1, 2] and not mask[4, 5]  # siblings never see each other
+    assert tree.pruned(1).paths() == [(), (0,), (1,), (2,)]
+    assert tree.children()[0] == [1, 2, 3]
+
+
+@pytest.mark.parametrize("case", ["random", "equal", "peaked_q", "one_candidate"])
+def test_acceptance_rule_is_lossless(case):
+    """Output of the multi-candidate rule (candidates drawn from q without replacement) is distributed as p."""
+    g = torch.Generator().manual_seed(1)
+    V, trials = 6, 50_000
+    p = torch.softmax(torch.randn(V, generator=g) * 1.5, -1)
+    q = {
+        "random": torch.softmax(torch.randn(V, generator=g) * 1.5, -1),
+        "equal": p.clone(),
+        "peaked_q": torch.softmax(torch.tensor([6.0, 0, 0, 0, 0, -2]), -1),
+        "one_candidate": torch.softmax(torch.randn(V, generator=g), -1),
+    }[case]
+    width = 1 if case == "one_candidate" else 3
+    counts = torch.zeros(V)
+    for _ in range(trials):
+        cands = sample_without_replacement(q, width, g).tolist()
+        i, residual = accept_child(p, q, cands, g)
+        x = cands[i] if i is not None else int(torch.multinomial(residual, 1, generator=g))
+        counts[x] += 1
+    assert chi_square(counts, p) < CHI2_CRIT[V - 1]
+
+
+def _tiny_predictor(vocab=4, groups=4, seed=0):
+    torch.manual_seed(seed)
+    cfg = CodePredictorConfig(
+        hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
+        head_dim=8, vocab_size=vocab, num_code_groups=groups,
+    )
+    cp = CodePredictor(cfg, talker_hidden=16).eval()
+    with torch.no_grad():
+        for name, p in cp.named_parameters():
+            if p.dim() == 2:
+                p.normal_(0, 1.0 if "embedding" in name else 1.5 / p.shape[1] ** 0.5)
+    cp.model.setup_cache(groups + 1 + 16)
+    return cp
+
+
+def _exact_joint(cp, h, e, params) -> torch.Tensor:
+    """Exact ar distribution of codes 1..3 by enumeration: p1(c1) p2(c2|c1) p3(c3|c1,c2)."""
+    V = cp.cfg.vocab_size
+    joint = torch.zeros(V, V, V)
+    with torch.inference_mode():
+        for c1, c2 in itertools.product(range(V), repeat=2):
+            codes = [cp.embed(1, torch.tensor([[c1]])), cp.embed(2, torch.tensor([[c2]]))]
+            hid = cp.model(torch.cat([cp.prefill_rows(h, e), *codes], 1), 0)[0]  # positions 0..3
+            probs = [torch.softmax(warp(params, cp.lm_head[i](hid[i + 1])), -1) for i in range(3)]
+            joint[c1, c2] = probs[0][c1] * probs[1][c2] * probs[2]
+    return joint
+
+
+def warp(params, logits):
+    return temperature_top_k_top_p(logits[None].float(), params)[0]
+
+
+@pytest.mark.parametrize("variant", ["zero_offsets", "random_offsets", "one_node"])
+def test_spec_output_distribution_equals_ar(variant):
+    cp = _tiny_predictor()
+    g = torch.Generator().manual_seed(5)
+    h, e = torch.randn(1, 1, 16, generator=g), torch.randn(1, 1, 16, generator=g)
+    params = SamplingParams(temperature=0.9, top_k=3)
+    offsets = torch.randn(3, 16, generator=g) if variant == "random_offsets" else None
+    tree = chain(1) if variant == "one_node" else DEFAULT_TREE
+    spec = SpecDecoder(tree, offsets)
+    exact = _exact_joint(cp, h, e, params).flatten()
+    counts = torch.zeros(64)
+    n = 12_000
+    with torch.inference_mode():
+        for _ in range(n):
+            c = predict_codes_spec(cp, h, e, params, g, spec)[0].tolist()
+            counts[c[0] * 16 + c[1] * 4 + c[2]] += 1
+    assert chi_square(counts, exact) < CHI2_CRIT[63]
+    assert spec.stats.tokens == 3 * n
+
+
+@pytest.mark.parametrize("tree", [DEFAULT_TREE, chain(3), chain(1), DraftTree.from_paths([(0, 0), (1, 1), (3, 0)])])
+def test_greedy_spec_equals_greedy_ar(tree):
+    cp = _tiny_predictor(vocab=32, groups=16, seed=3)
+    g = torch.Generator().manual_seed(0)
+    greedy = SamplingParams(do_sample=False)
+    spec = SpecDecoder(tree, torch.randn(3, 16, generator=g) * 0.5)
+    with torch.inference_mode():
+        for _ in range(40):
+            h, e = torch.randn(1, 1, 16, generator=g), torch.randn(1, 1, 16, generator=g)
+            ar = predict_codes(cp, h, e, greedy, None)
+            sp = predict_codes_spec(cp, h, e, greedy, None, spec)
+            assert sp.tolist() == ar.tolist()
+    assert spec.stats.tokens == 40 * 15 and spec.stats.calls < 40 * 15
+
+
+def test_kv_cache_after_spec_equals_ar():
+    cp = _tiny_predictor(vocab=32, groups=16, seed=4)
+    g = torch.Generator().manual_seed(2)
+    h, e = torch.randn(1, 1, 16, generator=g), torch.randn(1, 1, 16, generator=g)
+    greedy = SamplingParams(do_sample=False)
+    with torch.inference_mode():
+        ar = predict_codes(cp, h, e, greedy, None)
+        k_ar = [c.k[:, :, :16].clone() for c in cp.model.caches]
+        for c in cp.model.caches:  # poison the cache so stale rows cannot pass for committed ones
+            c.k.fill_(7.0)
+        sp = predict_codes_spec(cp, h, e, greedy, None, SpecDecoder(DEFAULT_TREE))
+        k_sp = [c.k[:, :, :16] for c in cp.model.caches]
+    assert sp.tolist() == ar.tolist()
+    for a, b in zip(k_ar, k_sp, strict=True):
+        assert (a - b).abs().max() < 1e-5
