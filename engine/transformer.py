@@ -66,6 +66,19 @@ class Attention(nn.Module):
         return self.o_proj(out.transpose(1, 2).reshape(b, t, self.n_heads * self.head_dim))
 
 
+    def forward_train(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """Causal attention over x [B, T, H] without a cache (training and teacher forcing)."""
+        b, t, _ = x.shape
+        q = self.q_norm(self.q_proj(x).view(b, t, self.n_heads, self.head_dim)).transpose(1, 2)
+        k = self.k_norm(self.k_proj(x).view(b, t, self.n_kv, self.head_dim)).transpose(1, 2)
+        v = self.v_proj(x).view(b, t, self.n_kv, self.head_dim).transpose(1, 2)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        rep = self.n_heads // self.n_kv
+        k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.o_proj(out.transpose(1, 2).reshape(b, t, self.n_heads * self.head_dim))
+
+
 class DecoderLayer(nn.Module):
     def __init__(self, cfg: TransformerConfig):
         super().__init__()
@@ -77,6 +90,12 @@ class DecoderLayer(nn.Module):
     def forward(self, x, cos, sin, cache, start, mask):
         x = x + self.self_attn(self.input_layernorm(x), cos, sin, cache, start, mask)
         return x + self.mlp(self.post_attention_layernorm(x))
+
+    def forward_train(self, x, cos, sin, dropout: float = 0.0):
+        """Cache-free causal pass over whole sequences (training), with residual-branch dropout."""
+        a = self.self_attn.forward_train(self.input_layernorm(x), cos, sin)
+        x = x + F.dropout(a, dropout, self.training)
+        return x + F.dropout(self.mlp(self.post_attention_layernorm(x)), dropout, self.training)
 
 
 def causal_mask(start: int, t: int, device=None) -> torch.Tensor | None:
@@ -112,6 +131,15 @@ class DecoderStack(nn.Module):
         cos, sin = rope_cos_sin(inv_freq, torch.arange(max_len, device=p.device), dtype)
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
+
+    def forward_train(self, x: torch.Tensor, dropout: float = 0.0) -> torch.Tensor:
+        """Whole sequences x [B, T, H] at positions 0..T-1, causal, no cache -> final-normed hidden [B, T, H]."""
+        c = self.cfg
+        inv_freq = rope_inv_freq(c.head_dim, c.rope_theta).to(x.device)
+        cos, sin = rope_cos_sin(inv_freq, torch.arange(x.shape[1], device=x.device), x.dtype)
+        for layer in self.layers:
+            x = layer.forward_train(x, cos, sin, dropout)
+        return self.norm(x)
 
     def move_rows(self, src: torch.Tensor, dst: int) -> None:
         """Copy cached K/V rows at slots `src` [n] to slots dst..dst+n-1 (commit an accepted draft path)."""

@@ -112,3 +112,14 @@ def test_seeded_generation_is_reproducible(tiny_model):
 
 def test_guard_grows_with_text():
     assert guard_frames(1) < guard_frames(10) and guard_frames(10) >= 100
+
+
+def test_cache_free_training_pass_equals_cached_forward(tiny_model):
+    _, model = tiny_model
+    stack = model.talker.model
+    x = torch.randn(2, 9, 64)
+    with torch.no_grad():
+        stack.setup_cache(16, batch=2)
+        cached = stack(x, 0)
+        free = stack.eval().forward_train(x)
+    assert (cached - free).abs().max() < 1e-5

@@ -1,0 +1,88 @@
+"""Where spec-mode assets live and how they are read: trained offsets and calibrated draft trees.
+
+Offsets: `leapvox_offsets.safetensors` beside the checkpoint (a bundled model ships it there), else
+`<data>/offsets/<model key>.safetensors`. Trees: `<data>/trees/<model key>-<backend>-<device>.json`.
+The model key names the folder and hashes its resolved path (a Hugging Face snapshot path holds the commit).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import torch
+
+from leapvox.engine.errors import CheckpointError
+from leapvox.engine.spec import DEFAULT_TREE, DraftTree
+
+BESIDE = "leapvox_offsets.safetensors"
+
+
+def _dirs() -> dict[str, Path]:
+    from .hub import leapvox_dirs
+
+    return leapvox_dirs()
+
+
+def model_key(folder: Path) -> str:
+    folder = Path(folder).resolve()
+    return f"{folder.name}-{hashlib.sha1(str(folder).encode()).hexdigest()[:10]}"
+
+
+def offsets_path(folder: Path) -> Path:
+    return _dirs()["offsets"] / f"{model_key(folder)}.safetensors"
+
+
+def tree_path(folder: Path, backend: str = "cpu", device: str = "cpu") -> Path:
+    return _dirs()["trees"] / f"{model_key(folder)}-{backend}-{device}.json"
+
+
+def save_offsets(path: Path, offsets: torch.Tensor, meta: dict) -> Path:
+    from safetensors.torch import save as save_bytes
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    data = save_bytes({"offsets": offsets.detach().float().contiguous()}, {k: str(v) for k, v in meta.items()})
+    tmp = path.with_suffix(".part")
+    tmp.write_bytes(data)
+    tmp.replace(path)
+    return path
+
+
+def load_offsets(folder: Path, hidden: int) -> tuple[torch.Tensor | None, Path | None]:
+    """Trained offsets [K, Hc] (or [15, K, Hc] per position) for the model in `folder`, if any."""
+    from safetensors.torch import load_file
+
+    for path in (Path(folder) / BESIDE, offsets_path(folder)):
+        if path.is_file():
+            try:
+                b = load_file(path)["offsets"]
+            except Exception as e:
+                msg = f"spec offsets file {path} is damaged: {e}"
+                raise CheckpointError(msg, hint="delete it and retrain") from None
+            if b.shape[-1] != hidden:
+                raise CheckpointError(
+                    f"spec offsets in {path} have width {b.shape[-1]}, the code predictor has {hidden}",
+                    hint="they belong to another model; delete the file or run leapvox train-offsets",
+                )
+            return b, path
+    return None, None
+
+
+def save_tree(path: Path, tree: DraftTree, meta: dict) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".part")
+    tmp.write_text(json.dumps({"paths": [list(p) for p in tree.paths()[1:]], **meta}, indent=1))
+    tmp.replace(path)
+    return path
+
+
+def load_tree(folder: Path, backend: str = "cpu", device: str = "cpu") -> tuple[DraftTree, Path | None]:
+    path = tree_path(folder, backend, device)
+    if not path.is_file():
+        return DEFAULT_TREE, None
+    try:
+        paths = json.loads(path.read_text())["paths"]
+        return DraftTree.from_paths(tuple(p) for p in paths), path
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise CheckpointError(f"calibrated tree {path} is damaged: {e}", hint="delete it and recalibrate") from None

@@ -1,0 +1,212 @@
+"""Recipes behind spec mode: collect frames, train the draft offsets, measure acceptance, calibrate the tree.
+
+Frames are (talker hidden h [Ht], code-0 embedding C(c0) [Ht], codes [16]). With no audio encoder (the real
+Qwen checkpoints) they come from the model's own ar generations over a text corpus.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, replace
+
+import torch
+import torch.nn.functional as F
+
+from leapvox.engine.code_predictor import CodePredictor
+from leapvox.engine.generate import predict_codes
+from leapvox.engine.options import SynthesisOptions, validate
+from leapvox.engine.prompt import build_prompt, wrap_text
+from leapvox.engine.sampling import SamplingParams, temperature_top_k_top_p
+from leapvox.engine.spec import DraftTree, SpecDecoder, predict_codes_spec
+from leapvox.engine.synthesis import Synthesizer
+
+
+@dataclass
+class Frames:
+    hidden: torch.Tensor  # [N, Ht] final-normed talker hidden that produced code 0
+    code0_embed: torch.Tensor  # [N, Ht]
+    codes: torch.Tensor  # [N, 16]
+
+    def split(self, fraction: float) -> tuple[Frames, Frames]:
+        n = int(len(self.codes) * fraction)
+        return Frames(self.hidden[:n], self.code0_embed[:n], self.codes[:n]), Frames(
+            self.hidden[n:], self.code0_embed[n:], self.codes[n:]
+        )
+
+
+@torch.inference_mode()
+def collect_frames(synth: Synthesizer, texts: list[str], opts: SynthesisOptions, progress=None) -> Frames:
+    """Generate each text with ar and recover the talker hidden of every frame by teacher forcing."""
+    talker = synth.tts.talker
+    hs, es, cs = [], [], []
+    for i, text in enumerate(texts):
+        o = validate(replace(opts, seed=(opts.seed or 0) + i), synth.cfg)
+        codes, _, _ = synth.generate_codes(text, o)
+        if len(codes) == 0:
+            continue
+        prompt = build_prompt(talker, synth.cfg, synth.tokenize(wrap_text(text)), o.speaker, o.language, o.text_layout)
+        steps = [talker.embed_frame(codes[k : k + 1]) + prompt.step_text(k) for k in range(len(codes) - 1)]
+        x = torch.cat([prompt.embeds, *steps], dim=1)
+        hidden = talker.model.forward_train(x)[0]  # [L + F - 1, Ht]
+        L = prompt.embeds.shape[1]
+        hs.append(hidden[L - 1 : L - 1 + len(codes)])
+        es.append(talker.embed_codec(codes[:, 0]))
+        cs.append(codes)
+        if progress:
+            progress(i + 1, len(texts), sum(len(c) for c in cs))
+    return Frames(torch.cat(hs), torch.cat(es), torch.cat(cs))
+
+
+def predictor_hidden(cp: CodePredictor, frames: Frames) -> torch.Tensor:
+    """Teacher-forced normed hidden states of the code predictor, [N, 16, Hc] (positions 0..15)."""
+    rows = [cp.prefill_rows(frames.hidden[:, None], frames.code0_embed[:, None])]
+    rows += [cp.embed(g, frames.codes[:, g : g + 1]) for g in range(1, cp.num_heads)]
+    return cp.model.forward_train(torch.cat(rows, dim=1))
+
+
+def _head_weights(cp: CodePredictor) -> torch.Tensor:
+    return torch.stack([h.weight for h in cp.lm_head])  # [15, V, Hc]
+
+
+def draft_logits(H: torch.Tensor, W: torch.Tensor, offsets: torch.Tensor, j: int) -> torch.Tensor:
+    """Draft logits at depth j for positions p = 1..15-j: heads p-1+j on H_p + b_j -> [N, 15-j, V]."""
+    n = W.shape[0]
+    b = offsets[j - 1] if offsets.dim() == 2 else offsets[: n - j, j - 1]  # [Hc] or per position [15-j, Hc]
+    return torch.einsum("bph,pvh->bpv", H[:, 1 : n + 1 - j] + b, W[j:])
+
+
+def offset_loss(H, W, codes, offsets, kind: str, params: SamplingParams) -> torch.Tensor:
+    """(a) "ce": cross-entropy of the draft against the true code; (b) "kl": KL from the verifier's own
+    processed distribution at position p+j to the draft (targets acceptance directly)."""
+    n, total = W.shape[0], 0.0
+    for j in range(1, offsets.shape[-2] + 1):
+        logits = draft_logits(H, W, offsets, j)  # [N, P, V]
+        if kind == "ce":
+            total = total + F.cross_entropy(logits.flatten(0, 1), codes[:, 1 + j : n + 1].flatten())
+        else:
+            target = torch.einsum("bph,pvh->bpv", H[:, 1 + j : n + 1], W[j:])  # verifier at position p+j
+            t = temperature_top_k_top_p(target.flatten(0, 1), params)
+            p = torch.softmax(t, -1)
+            log_q = torch.log_softmax(logits.flatten(0, 1) / params.temperature, -1)
+            total = total + (p * (torch.log(p.clamp_min(1e-12)) - log_q)).sum(-1).mean()
+    return total
+
+
+def train_offsets(
+    cp: CodePredictor,
+    frames: Frames,
+    depth: int = 3,
+    kind: str = "ce",
+    per_position: bool = False,
+    steps: int = 300,
+    batch: int = 32,
+    lr: float = 1e-3,
+    params: SamplingParams | None = None,
+    seed: int = 0,
+    progress=None,
+) -> torch.Tensor:
+    """Adam on the offsets only; the predictor stays frozen. Returns b [K, Hc] or [15, K, Hc]."""
+    params = params or SamplingParams()
+    hc, n = cp.cfg.hidden_size, cp.num_heads
+    shape = (n, depth, hc) if per_position else (depth, hc)
+    offsets = torch.zeros(shape, requires_grad=True)
+    opt = torch.optim.Adam([offsets], lr=lr)
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        H = predictor_hidden(cp, frames)
+        W = _head_weights(cp)
+    for step in range(steps):
+        idx = torch.randint(len(frames.codes), (min(batch, len(frames.codes)),), generator=g)
+        loss = offset_loss(H[idx], W, frames.codes[idx], offsets, kind, params)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        if progress:
+            progress(step + 1, steps, float(loss))
+    return offsets.detach()
+
+
+@torch.no_grad()
+def rank_acceptance(cp: CodePredictor, frames: Frames, offsets: torch.Tensor | None, depth: int, ranks: int = 8):
+    """a[j][r]: how often the true code at depth j is the draft's rank-r candidate (rank by draft probability).
+    For greedy decoding this is the acceptance rate of that node given a correct path; for sampling a proxy."""
+    H, W = predictor_hidden(cp, frames), _head_weights(cp)
+    b = offsets if offsets is not None else torch.zeros(depth, cp.cfg.hidden_size)
+    table = []
+    for j in range(1, depth + 1):
+        logits = draft_logits(H, W, b, j)
+        top = torch.topk(logits, ranks, dim=-1).indices  # [N, P, R]
+        hits = top == frames.codes[:, 1 + j : W.shape[0] + 1, None]
+        table.append(hits.float().mean(dim=(0, 1)).tolist())
+    return table
+
+
+def grow_tree(acceptance: list[list[float]], size: int) -> DraftTree:
+    """Greedy: repeatedly add the child (of an existing node) with the largest probability of being accepted,
+    i.e. the product of its path's per-depth rank acceptances, until `size` draft nodes exist."""
+    chosen = {(): 1.0}
+    for _ in range(size):
+        best, best_p = None, -1.0
+        for path, p in chosen.items():
+            d = len(path)
+            if d >= len(acceptance):
+                continue
+            r = 0
+            while path + (r,) in chosen:
+                r += 1
+            if r < len(acceptance[d]) and p * acceptance[d][r] > best_p:
+                best, best_p = path + (r,), p * acceptance[d][r]
+        if best is None:
+            break
+        chosen[best] = best_p
+    return DraftTree.from_paths(p for p in chosen if p)
+
+
+def expected_accepted(tree: DraftTree, acceptance: list[list[float]]) -> float:
+    total, probs = 0.0, [1.0]
+    for i in range(1, len(tree.parent)):
+        probs.append(probs[tree.parent[i]] * acceptance[tree.depth[i] - 1][tree.rank[i]])
+        total += probs[-1]
+    return total
+
+
+@torch.inference_mode()
+def verify_cost(cp: CodePredictor, nodes: int, prefix: int = 8, repeats: int = 20) -> float:
+    """Median seconds of one code-predictor call over `nodes` + 1 rows after `prefix` cached rows."""
+    hc = cp.cfg.hidden_size
+    cp.model.setup_cache(prefix + nodes + 2)
+    x0 = torch.randn(1, prefix, hc)
+    x = torch.randn(1, nodes + 1, hc)
+    mask = torch.ones(nodes + 1, prefix + nodes + 1, dtype=torch.bool)
+    times = []
+    for _ in range(repeats + 2):
+        cp.model(x0, 0)
+        t = time.perf_counter()
+        cp.model(x, prefix, mask if nodes else None)
+        times.append(time.perf_counter() - t)
+    return sorted(times[2:])[len(times[2:]) // 2]
+
+
+@torch.inference_mode()
+def measure_spec(cp: CodePredictor, frames: Frames, spec: SpecDecoder, params: SamplingParams, seed: int = 0):
+    """Run spec decoding on every frame's (h, C(c0)); returns (tokens per call, per-depth acceptance, seconds)."""
+    cp.model.setup_cache(cp.cfg.num_code_groups + spec.tree.size + 2)
+    g = torch.Generator().manual_seed(seed) if params.do_sample else None
+    t = time.perf_counter()
+    for i in range(len(frames.codes)):
+        predict_codes_spec(cp, frames.hidden[i : i + 1, None], frames.code0_embed[i : i + 1, None], params, g, spec)
+    elapsed = time.perf_counter() - t
+    s = spec.stats
+    per_depth = [a / t if t else math.nan for a, t in zip(s.accepts, s.attempts, strict=True)]
+    return s.tokens_per_call, per_depth, elapsed
+
+
+@torch.inference_mode()
+def measure_ar(cp: CodePredictor, frames: Frames, params: SamplingParams, seed: int = 0) -> float:
+    cp.model.setup_cache(cp.cfg.num_code_groups)
+    g = torch.Generator().manual_seed(seed) if params.do_sample else None
+    t = time.perf_counter()
+    for i in range(len(frames.codes)):
+        predict_codes(cp, frames.hidden[i : i + 1, None], frames.code0_embed[i : i + 1, None], params, g)
+    return time.perf_counter() - t
