@@ -10,6 +10,8 @@ import os
 import sys
 from pathlib import Path
 
+from leapvox.engine.modes import MODES
+
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
 
@@ -50,6 +52,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("text", nargs="?", help="text to speak; '-' reads standard input")
     s.add_argument("-f", "--file", type=Path, help="read the text from FILE")
     s.add_argument("-o", "--output", help="WAV file to write; '-' writes the WAV to standard output")
+    s.add_argument("--play", action="store_true", help="play through the speakers while synthesising (-o optional)")
+    s.add_argument("--device", help="output device number or name for --play (see 'leapvox devices')")
     _model_args(s)
     s.add_argument("--speaker", help="voice to use (see 'leapvox speakers'); default: the model's first")
     s.add_argument("--language", default="auto", help="language of the text, or 'auto' (default)")
@@ -72,6 +76,7 @@ def build_parser() -> argparse.ArgumentParser:
         default="non-streaming",
         help="all text in the prompt (default, as the official package) or text rows riding on frames",
     )
+    s.add_argument("--mode", choices=MODES, default="ar", help="decoding mode (default ar)")
     s.add_argument("--codes", type=Path, help="also write the generated codes [frames x 16] as JSON to this file")
     s.add_argument("-q", "--quiet", action="store_true", help="print nothing but errors")
     s.set_defaults(func=cmd_speak)
@@ -80,9 +85,10 @@ def build_parser() -> argparse.ArgumentParser:
     _model_args(k)
     k.set_defaults(func=cmd_speakers)
 
-    from leapvox.app.models_cmd import add_commands
+    from leapvox.app import live_cmd, models_cmd
 
-    add_commands(sub)
+    models_cmd.add_commands(sub)
+    live_cmd.add_commands(sub)
     return p
 
 
@@ -148,6 +154,7 @@ def speak_options(args, defaults):
         predictor=sampling(defaults.predictor),
         seed=args.seed,
         runaway_guard=not args.no_guard,
+        mode=args.mode,
     )
     if args.speaker:
         opts = replace(opts, speaker=args.speaker)
@@ -160,9 +167,9 @@ def speak_options(args, defaults):
 
 def cmd_speak(args) -> int:
     text = read_text(args)
-    if not args.output:
-        raise UsageError("no output given", hint="add -o out.wav, or -o - to write the WAV to standard output")
-    if args.output != "-" and not Path(args.output).expanduser().parent.is_dir():
+    if not args.output and not args.play:
+        raise UsageError("no output given", hint="add -o out.wav, -o - for standard output, or --play")
+    if args.output and args.output != "-" and not Path(args.output).expanduser().parent.is_dir():
         raise UsageError(f"cannot write {args.output}: its folder does not exist")
     from leapvox.models.hub import resolve_model_path
 
@@ -172,6 +179,10 @@ def cmd_speak(args) -> int:
     from leapvox.models.checkpoint import load_model
 
     model = load_model(folder, dtype=args.dtype)
+    if args.play:
+        from leapvox.app.live_cmd import speak_play
+
+        return speak_play(args, model, text, speak_options(args, model.defaults))
     result = model.synthesizer().synthesize(text, speak_options(args, model.defaults))
     for w in result.warnings:
         say(f"warning: {w}")

@@ -30,6 +30,7 @@ class DecodeStats:
     prefill_s: float = 0.0
     stop_reason: str = ""  # "eos", "max_frames" or "guard"
     kv_bytes: int = 0
+    codec_s: float = 0.0  # codec decoder time, filled by whoever decodes the frames
     notes: list[str] = field(default_factory=list)
 
 

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field, replace
 
 from .config import TTSConfig
 from .errors import InputError
+from .modes import MODES
 from .prompt import TEXT_LAYOUTS
 from .sampling import SamplingParams
 
@@ -37,6 +38,7 @@ class SynthesisOptions:
     max_frames: int = DEFAULT_MAX_FRAMES  # hard cap; official max_new_tokens = max_frames + 1
     runaway_guard: bool = True  # also cap frames by text length (guard_frames)
     seed: int | None = None  # torch CPU generator seed; None draws a fresh one
+    mode: str = "ar"  # decoding mode, one of engine.modes.MODES
 
     def greedy(self) -> SynthesisOptions:
         """Argmax for code 0 and for codes 1..15."""
@@ -68,6 +70,8 @@ def validate(opts: SynthesisOptions, cfg: TTSConfig) -> SynthesisOptions:
     _check_sampling("code-predictor", opts.predictor)
     if not (opts.repetition_penalty > 0 and math.isfinite(opts.repetition_penalty)):
         raise InputError(f"repetition penalty must be > 0, got {opts.repetition_penalty}", hint="1.0 disables it")
+    if opts.mode not in MODES:
+        raise InputError(f"unknown decoding mode {opts.mode!r}", hint=f"this build offers: {', '.join(MODES)}")
     if opts.max_frames < 1:
         raise InputError(f"max frames must be >= 1, got {opts.max_frames}")
     instruct = opts.instruct or None

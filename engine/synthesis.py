@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -35,6 +35,10 @@ class Synthesis:
         return self.duration_s / self.elapsed_s if self.elapsed_s > 0 else float("inf")
 
 
+# The frame loop of each decoding mode in engine.modes.MODES; a new mode adds its line here.
+FRAME_LOOPS = {"ar": generate_frames}
+
+
 def make_generator(seed: int | None) -> torch.Generator:
     """CPU generator: seeded like `torch.manual_seed(seed)`, or from fresh entropy when seed is None."""
     g = torch.Generator(device="cpu")
@@ -53,8 +57,23 @@ class Synthesizer:
 
     def generate_codes(self, text: str, opts: SynthesisOptions) -> tuple[torch.Tensor, DecodeStats, list[str]]:
         """Codes [F, 16] for `text`; also the decoding counters and any warnings for the user."""
+        stats, warnings = DecodeStats(), []
+        frames = list(self.frames(text, opts, stats, warnings))
+        codes = torch.stack(frames) if frames else torch.zeros((0, 16), dtype=torch.long)
+        return codes, stats, warnings
+
+    def frames(
+        self,
+        text: str,
+        opts: SynthesisOptions,
+        stats: DecodeStats,
+        warnings: list[str],
+        generator: torch.Generator | None = None,
+    ) -> Iterator[torch.Tensor]:
+        """Frames [16] of one utterance as the mode's loop produces them: the one loop behind `generate_codes`
+        and streaming. Fills `stats` and appends to `warnings` as it goes. `generator` continues a random stream
+        (streaming several sentences); by default one is made from `opts.seed`."""
         opts = validate(opts, self.cfg)
-        warnings: list[str] = []
         instruct_ids = None
         if opts.instruct and not self.cfg.supports_instruct:
             warnings.append("this model size ignores --instruct (only 1.7B models follow instructions)")
@@ -65,17 +84,15 @@ class Synthesizer:
         prompt = build_prompt(talker, self.cfg, ids, opts.speaker, opts.language, opts.text_layout, instruct_ids)
         cap = opts.max_frames
         guard = guard_frames(prompt.n_text_tokens) if opts.runaway_guard else cap
-        stats = DecodeStats()
-        gen = make_generator(opts.seed) if any((opts.talker.do_sample, opts.predictor.do_sample)) else None
-        frames = list(generate_frames(talker, prompt, opts, min(cap, guard), gen, stats))
+        sampling = any((opts.talker.do_sample, opts.predictor.do_sample))
+        gen = (generator or make_generator(opts.seed)) if sampling else None
+        yield from FRAME_LOOPS[opts.mode](talker, prompt, opts, min(cap, guard), gen, stats)
         if stats.stop_reason == "max_frames" and guard < cap:
             stats.stop_reason = "guard"
             warnings.append(
                 f"stopped at {guard} frames ({guard * 0.08:.1f} s), the runaway cap for {prompt.n_text_tokens} "
                 "text tokens, without an end of speech (--no-guard lifts this cap)"
             )
-        codes = torch.stack(frames) if frames else torch.zeros((0, 16), dtype=torch.long)
-        return codes, stats, warnings
 
     @torch.inference_mode()
     def decode(self, codes: torch.Tensor) -> np.ndarray:
@@ -92,5 +109,7 @@ class Synthesizer:
     def synthesize(self, text: str, opts: SynthesisOptions) -> Synthesis:
         t0 = time.perf_counter()
         codes, stats, warnings = self.generate_codes(text, opts)
+        t1 = time.perf_counter()
         audio = self.decode(codes)
+        stats.codec_s += time.perf_counter() - t1
         return Synthesis(codes, audio, self.sample_rate, stats, warnings, time.perf_counter() - t0)

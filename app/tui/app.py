@@ -1,0 +1,261 @@
+"""The leapvox TUI: type text, pick a voice, mode and backend, speak with live readouts, keep a history.
+
+Synthesis runs in a thread worker that checks cancellation every frame and posts messages; the UI thread only
+updates widgets (attributes down, messages up).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+from textual import work
+from textual.app import App, ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal
+from textual.widgets import Button, Footer, Header, TextArea
+from textual.worker import get_current_worker
+
+from leapvox.app.playback import AudioUnavailable, Player, output_devices
+from leapvox.engine.errors import LeapvoxError
+from leapvox.engine.modes import MODES, available_backends
+
+from .history import History
+from .messages import ModelFailed, ModelReady, SpeechFinished, SpeechProgress
+from .model_info import ModelInfo
+from .readout import Readout
+from .utterance import Utterance
+from .voice_bar import VoiceBar
+
+PROGRESS_EVERY_S = 0.25  # readout refresh while the last audio plays out
+
+
+class LeapvoxApp(App):
+    CSS_PATH = "leapvox.tcss"
+    TITLE = "leapvox"
+    BINDINGS = [  # function keys, so that typing in the text area never triggers them (F6/F7 are the text area's)
+        Binding("f5", "speak", "Speak", priority=True),
+        Binding("f8", "stop", "Stop", priority=True),
+        Binding("f2", "save", "Save WAV", priority=True),
+        Binding("ctrl+q", "quit", "Quit"),
+    ]
+
+    def __init__(
+        self,
+        model_path: str | None = None,
+        *,
+        model=None,
+        dtype: str = "fp32",
+        options=None,
+        device: int | None = None,
+        player_factory: Callable[[int], Player] | None = None,
+        save_dir: Path | str = ".",
+    ):
+        """`model` (a LoadedModel) skips loading `model_path`; `options` are the SynthesisOptions to start from
+        (the model's defaults otherwise); `player_factory(sample_rate)` replaces the sound-card player."""
+        super().__init__()
+        self.model_path, self.model, self.dtype, self.options = model_path, model, dtype, options
+        self.device, self.player_factory, self.save_dir = device, player_factory, Path(save_dir)
+        self.audio_off: str | None = None  # why there is no sound, once known
+        self.backend = "cpu"
+        self.busy = False
+        self.spoken = 0
+
+    def compose(self) -> ComposeResult:
+        yield Header()
+        yield ModelInfo(id="model-info")
+        yield TextArea(id="text", placeholder="Type something to say, then press Speak (F5); Stop is F8.")
+        with Horizontal(id="controls"):
+            yield VoiceBar(MODES, available_backends(), id="voice")
+            yield Button("Speak", id="speak", variant="success", disabled=True)
+            yield Button("Stop", id="stop", variant="error", disabled=True)
+        with Horizontal(id="panels"):
+            yield Readout(id="readout")
+            yield History(id="history")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        info = self.query_one(ModelInfo)
+        info.path = str(self.model_path or getattr(self.model, "path", "") or "")
+        info.audio = self._probe_audio()
+        if self.audio_off:
+            self.notify(f"{self.audio_off}; utterances go to the history, save them as WAV", severity="warning")
+        self.query_one(Readout).border_title = "speed (live)"
+        self.query_one(History).border_title = "history"
+        self.query_one("#text", TextArea).focus()
+        if self.model is not None:
+            self.post_message(ModelReady(self.model))
+        elif self.model_path:
+            self.load_model()
+        else:
+            info.state = "no model: start with leapvox tui --model PATH"
+
+    def _probe_audio(self) -> str:
+        if self.player_factory is not None:
+            return "audio: on"
+        try:
+            if not output_devices():
+                raise AudioUnavailable("no audio output device")
+        except AudioUnavailable as e:
+            self.audio_off = str(e)
+            return "audio: off (save utterances as WAV)"
+        return "audio: on"
+
+    # ---- model -----------------------------------------------------------------------------------------
+
+    @work(thread=True, group="model", exit_on_error=False)
+    def load_model(self) -> None:
+        try:
+            from leapvox.models.checkpoint import load_model
+            from leapvox.models.hub import resolve_model_path
+
+            model = load_model(resolve_model_path(self.model_path, pull=False), self.dtype)
+            self._warm_up(model)
+            self.post_message(ModelReady(model))
+        except LeapvoxError as e:
+            self.post_message(ModelFailed(str(e) + (f" ({e.hint})" if e.hint else "")))
+
+    @staticmethod
+    def _warm_up(model) -> None:
+        """Two frames, unmeasured: the first calls into torch pay one-time costs that would skew first audio."""
+        from leapvox.engine.streaming import stream_speech
+
+        for _ in stream_speech(model.synthesizer(), "Hello.", replace(model.defaults, max_frames=2)):
+            pass
+
+    def on_model_ready(self, msg: ModelReady) -> None:
+        self.model = msg.model
+        self.options = self.options or self.model.defaults
+        info = self.query_one(ModelInfo)
+        info.path, info.state = str(self.model.path), "ready"
+        self.query_one(VoiceBar).set_choices(list(self.model.config.speakers), list(self.model.config.languages))
+        self.query_one("#speak", Button).disabled = False
+
+    def on_model_failed(self, msg: ModelFailed) -> None:
+        self.query_one(ModelInfo).state = "failed"
+        self.notify(msg.error, title="cannot load the model", severity="error", timeout=30)
+
+    # ---- speaking ----------------------------------------------------------------------------------------
+
+    def on_button_pressed(self, event: Button.Pressed) -> None:
+        if event.button.id == "speak":
+            self.action_speak()
+        elif event.button.id == "stop":
+            self.action_stop()
+
+    def action_speak(self) -> None:
+        if self.busy or self.model is None:
+            return
+        text = self.query_one("#text", TextArea).text.strip()
+        if not text:
+            self.notify("type some text first", severity="warning")
+            return
+        voice = self.query_one(VoiceBar).voice
+        opts = replace(self.options, speaker=voice.speaker or None, language=voice.language, mode=voice.mode)
+        self._set_busy(True)
+        self.speak(text, opts, voice.backend)
+
+    def action_stop(self) -> None:
+        self.workers.cancel_group(self, "speak")
+
+    def action_save(self) -> None:
+        selected = self.query_one(History).selected
+        if selected is not None:
+            self.post_message(History.SaveRequested(selected))
+
+    def _set_busy(self, busy: bool) -> None:
+        self.busy = busy
+        self.query_one("#speak", Button).disabled = busy
+        self.query_one("#stop", Button).disabled = not busy
+
+    @work(thread=True, exclusive=True, group="speak", exit_on_error=False)
+    def speak(self, text: str, opts, backend: str) -> None:
+        from leapvox.engine.streaming import stream_speech
+
+        worker = get_current_worker()
+        player, audio, stats = None, [], None
+        try:
+            self._use_backend(backend)
+            player = self._open_player()
+            for chunk in stream_speech(self.model.synthesizer(), text, opts, cancelled=lambda: worker.is_cancelled):
+                audio.append(chunk.audio)
+                stats = chunk.stats
+                if player is not None:
+                    player.feed(chunk.audio, stats.xrt, stats.est_remaining_s)
+                self.post_message(SpeechProgress(stats, player.stats if player else None))
+            if player is not None:
+                self._play_out(player, worker, stats)
+        except LeapvoxError as e:
+            self.post_message(SpeechFinished(None, error=str(e) + (f" ({e.hint})" if e.hint else "")))
+            return
+        except Exception as e:  # keep the UI alive; say what happened
+            self.post_message(SpeechFinished(None, error=f"internal error: {type(e).__name__}: {e}"))
+            return
+        finally:
+            if player is not None:
+                player.close()
+        self.spoken += 1
+        wav = np.concatenate(audio) if audio else np.zeros(0, np.float32)
+        speaker = opts.speaker or self.model.config.speakers[0]
+        utterance = Utterance(self.spoken, text, speaker, opts.language, opts.mode, backend, wav,
+                              self.model.sample_rate, stats, player.stats if player else None, worker.is_cancelled)
+        self.post_message(SpeechFinished(utterance, cancelled=worker.is_cancelled))
+
+    def _play_out(self, player: Player, worker, stats) -> None:
+        """Let the buffered audio play to the end, still answering Stop and refreshing the readout."""
+        player.end()
+        while not player.wait(PROGRESS_EVERY_S):
+            if worker.is_cancelled:
+                player.stop()
+                return
+            self.post_message(SpeechProgress(stats, player.stats))
+
+    def _open_player(self) -> Player | None:
+        if self.audio_off is not None and self.player_factory is None:
+            return None
+        try:
+            factory = self.player_factory or (lambda sr: Player(sr, self.device))
+            return factory(self.model.sample_rate).start()
+        except AudioUnavailable as e:
+            self.audio_off = str(e)
+            self.call_from_thread(self.notify, f"{e}; utterances go to the history only", severity="warning")
+            return None
+
+    def _use_backend(self, backend: str) -> None:
+        if backend != self.backend:
+            import torch
+
+            self.model.tts.to(torch.device(backend))
+            self.model.codec.to(torch.device(backend))
+            self.backend = backend
+
+    def on_speech_progress(self, msg: SpeechProgress) -> None:
+        readout = self.query_one(Readout)
+        readout.stats, readout.playback = msg.stats, msg.playback
+
+    def on_speech_finished(self, msg: SpeechFinished) -> None:
+        self._set_busy(False)
+        if msg.error:
+            self.notify(msg.error, title="synthesis failed", severity="error", timeout=15)
+            return
+        u = msg.utterance
+        self.query_one(History).add(u)
+        readout = self.query_one(Readout)
+        readout.stats, readout.playback = u.stats, u.playback
+        if msg.cancelled:
+            self.notify(f"stopped after {u.duration_s:.2f} s of audio")
+        for w in u.stats.warnings:
+            self.notify(w, severity="warning")
+
+    def on_history_save_requested(self, msg: History.SaveRequested) -> None:
+        from leapvox.app.audio import write_wav
+
+        u = msg.utterance
+        try:
+            path = write_wav(self.save_dir / u.file_name, u.audio, u.sample_rate)
+        except OSError as e:
+            self.notify(f"cannot save {u.file_name}: {e.strerror or e}", severity="error")
+            return
+        self.notify(f"saved {path}")
