@@ -104,7 +104,7 @@ class TTSConfig:
     @property
     def supports_instruct(self) -> bool:
         """The official wrapper drops `instruct` for the 0.6B size."""
-        return self.tts_model_size != "0b6"
+        return self.tts_model_size not in ("0b6", "demo")
 
     @property
     def speakers(self) -> list[str]:

@@ -15,6 +15,7 @@ from .code_predictor import CodePredictor
 from .options import SynthesisOptions
 from .prompt import Prompt
 from .sampling import SamplingParams, code0_logits, pick, suppress_mask_for
+from .spec import SpecDecoder, SpecStats, predict_codes_spec
 from .talker import Talker
 
 
@@ -32,6 +33,7 @@ class DecodeStats:
     kv_bytes: int = 0
     codec_s: float = 0.0  # codec decoder time, filled by whoever decodes the frames
     notes: list[str] = field(default_factory=list)
+    spec: SpecStats | None = None  # spec mode: calls, tokens, per-depth attempts and accepts
 
 
 def predict_codes(
@@ -62,14 +64,20 @@ def generate_frames(
     max_frames: int,
     generator: torch.Generator | None,
     stats: DecodeStats,
+    spec: SpecDecoder | None = None,
 ) -> Iterator[torch.Tensor]:
-    """Yield frames [16] (code 0..15) until EOS or `max_frames`; sets `stats.stop_reason` at the end."""
+    """Yield frames [16] (code 0..15) until EOS or `max_frames`; sets `stats.stop_reason` at the end.
+
+    With `spec` (a draft tree and offsets) codes 1..15 come from speculative verify calls (`spec` mode)."""
     cfg, cp = talker.cfg, talker.code_predictor
     eos = cfg.codec_eos_token_id
     suppress = suppress_mask_for(cfg.vocab_size, cfg.suppressed_ids, eos, prompt.embeds.device)
     L = prompt.embeds.shape[1]
     talker.model.setup_cache(L + max_frames)
-    cp.model.setup_cache(cp.cfg.num_code_groups)
+    if spec is not None:
+        spec = SpecDecoder(spec.tree, spec.offsets)  # fresh counters for this utterance
+        stats.spec = spec.stats
+    cp.model.setup_cache(cp.cfg.num_code_groups + (spec.tree.size + 2 if spec else 0))
     history = torch.zeros((1, 0), dtype=torch.long, device=prompt.embeds.device)
 
     def next_code0(logits: torch.Tensor) -> torch.Tensor:
@@ -90,11 +98,17 @@ def generate_frames(
             stats.stop_reason = "eos"
             return
         t1 = time.perf_counter()
-        rest = predict_codes(cp, h, talker.embed_codec(c0[:, None]), opts.predictor, generator)  # [1, 15]
+        c0_embed = talker.embed_codec(c0[:, None])
+        if spec is None:
+            rest = predict_codes(cp, h, c0_embed, opts.predictor, generator)  # [1, 15]
+            stats.predictor_calls += cp.num_heads
+        else:
+            calls = spec.stats.calls
+            rest = predict_codes_spec(cp, h, c0_embed, opts.predictor, generator, spec)
+            stats.predictor_calls += spec.stats.calls - calls
         t2 = time.perf_counter()
         frame = torch.cat([c0[:, None], rest], dim=1)  # [1, 16]
         stats.frames += 1
-        stats.predictor_calls += cp.num_heads
         stats.predictor_s += t2 - t1
         yield frame[0]
         t2 = time.perf_counter()

@@ -6,7 +6,7 @@ A new mode is one entry in MODES plus its frame loop in `synthesis.frame_loop`; 
 
 from __future__ import annotations
 
-MODES: tuple[str, ...] = ("ar",)  # "spec" and "windowed" join as their loops land
+MODES: tuple[str, ...] = ("ar", "spec")  # "windowed" joins when its loop lands
 
 MODE_HELP = {
     "ar": "plain autoregressive: one talker step and 15 code-predictor calls per frame",

@@ -121,7 +121,7 @@ class SpecStats:
 
 @dataclass
 class SpecDecoder:
-    """Draft tree + offsets b [K, Hc] (None: zero offsets, the reused-heads baseline)."""
+    """Draft tree + offsets b [K, Hc] or per position [15, K, Hc] (None: zero offsets, the reused-heads baseline)."""
 
     tree: DraftTree = DEFAULT_TREE
     offsets: torch.Tensor | None = None
@@ -130,7 +130,7 @@ class SpecDecoder:
     @property
     def depth(self) -> int:
         k = self.tree.max_depth
-        return min(k, self.offsets.shape[0]) if self.offsets is not None else k
+        return min(k, self.offsets.shape[-2]) if self.offsets is not None else k
 
 
 def _probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
@@ -152,7 +152,7 @@ def draft(
     """
     tokens, qs = [], []
     for j, w in enumerate(widths, start=1):
-        hj = h if offsets is None else h + offsets[j - 1]
+        hj = h if offsets is None else h + _offset(offsets, k, j)
         logits = cp.lm_head[k - 1 + j](hj).float()
         if not params.do_sample:
             tokens.append(torch.topk(logits, w).indices)
@@ -162,6 +162,11 @@ def draft(
         tokens.append(sample_without_replacement(q, w, generator))
         qs.append(q)
     return tokens, qs
+
+
+def _offset(offsets: torch.Tensor, k: int, j: int) -> torch.Tensor:
+    """b_j from shared offsets [K, Hc], or b_{k,j} from per-position offsets [15, K, Hc]."""
+    return offsets[j - 1] if offsets.dim() == 2 else offsets[k - 1, j - 1]
 
 
 def sample_without_replacement(q: torch.Tensor, w: int, generator: torch.Generator | None) -> torch.Tensor:

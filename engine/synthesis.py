@@ -13,6 +13,7 @@ from .config import TTSConfig
 from .generate import DecodeStats, generate_frames
 from .options import SynthesisOptions, guard_frames, validate
 from .prompt import build_prompt, wrap_instruct, wrap_text
+from .spec import SpecDecoder
 from .talker import TTSModel
 
 
@@ -36,7 +37,7 @@ class Synthesis:
 
 
 # The frame loop of each decoding mode in engine.modes.MODES; a new mode adds its line here.
-FRAME_LOOPS = {"ar": generate_frames}
+FRAME_LOOPS = {"ar": generate_frames, "spec": generate_frames}
 
 
 def make_generator(seed: int | None) -> torch.Generator:
@@ -52,8 +53,18 @@ def make_generator(seed: int | None) -> torch.Generator:
 class Synthesizer:
     """Holds a loaded model (talker + code predictor), its codec decoder and its text tokenizer."""
 
-    def __init__(self, tts: TTSModel, codec, cfg: TTSConfig, tokenize: Callable[[str], list[int]], sample_rate: int):
+    def __init__(
+        self,
+        tts: TTSModel,
+        codec,
+        cfg: TTSConfig,
+        tokenize: Callable[[str], list[int]],
+        sample_rate: int,
+        spec: SpecDecoder | None = None,
+    ):
         self.tts, self.codec, self.cfg, self.tokenize, self.sample_rate = tts, codec, cfg, tokenize, sample_rate
+        self.spec = spec or SpecDecoder()  # spec mode's draft tree and offsets (None offsets: zero offsets)
+        self._said_zero_offsets = False
 
     def generate_codes(self, text: str, opts: SynthesisOptions) -> tuple[torch.Tensor, DecodeStats, list[str]]:
         """Codes [F, 16] for `text`; also the decoding counters and any warnings for the user."""
@@ -86,7 +97,14 @@ class Synthesizer:
         guard = guard_frames(prompt.n_text_tokens) if opts.runaway_guard else cap
         sampling = any((opts.talker.do_sample, opts.predictor.do_sample))
         gen = (generator or make_generator(opts.seed)) if sampling else None
-        yield from FRAME_LOOPS[opts.mode](talker, prompt, opts, min(cap, guard), gen, stats)
+        extra = {}
+        if opts.mode == "spec":
+            extra["spec"] = self.spec
+            if self.spec.offsets is None and not self._said_zero_offsets:
+                self._said_zero_offsets = True
+                warnings.append("spec mode: no trained offsets for this model, drafting with the LM heads alone "
+                                "(zero offsets; run leapvox train-offsets)")
+        yield from FRAME_LOOPS[opts.mode](talker, prompt, opts, min(cap, guard), gen, stats, **extra)
         if stats.stop_reason == "max_frames" and guard < cap:
             stats.stop_reason = "guard"
             warnings.append(

@@ -20,6 +20,7 @@ from leapvox.engine.config import TTSConfig
 from leapvox.engine.errors import CheckpointError, ModelNotFoundError
 from leapvox.engine.options import SynthesisOptions
 from leapvox.engine.sampling import SamplingParams
+from leapvox.engine.spec import SpecDecoder
 from leapvox.engine.synthesis import Synthesizer
 from leapvox.engine.talker import TTSModel
 
@@ -40,7 +41,15 @@ class LoadedModel:
     sample_rate: int
 
     def synthesizer(self) -> Synthesizer:
-        return Synthesizer(self.tts, self.codec, self.config, self.tokenizer, self.sample_rate)
+        return Synthesizer(self.tts, self.codec, self.config, self.tokenizer, self.sample_rate, self.spec_decoder())
+
+    def spec_decoder(self, backend: str = "cpu", device: str = "cpu") -> SpecDecoder:
+        """spec mode's trained offsets and calibrated tree for this model, where they exist."""
+        from .spec_assets import load_offsets, load_tree
+
+        offsets, _ = load_offsets(self.path, self.tts.talker.code_predictor.cfg.hidden_size)
+        tree, _ = load_tree(self.path, backend, device)
+        return SpecDecoder(tree, offsets)
 
 
 def read_json(path: Path) -> dict[str, Any]:

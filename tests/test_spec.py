@@ -148,3 +148,26 @@ def test_kv_cache_after_spec_equals_ar():
     assert sp.tolist() == ar.tolist()
     for a, b in zip(k_ar, k_sp, strict=True):
         assert (a - b).abs().max() < 1e-5
+
+
+def test_spec_mode_end_to_end_greedy_equals_ar_and_counts_calls(tmp_path, monkeypatch):
+    from dataclasses import replace
+
+    from leapvox.models.checkpoint import load_model
+
+    from .conftest import FIXTURES
+
+    monkeypatch.setenv("LEAPVOX_HOME", str(tmp_path))  # no stored offsets or trees
+    m = load_model(FIXTURES / "tiny-0b6")
+    synth = m.synthesizer()
+    warnings = []
+    for layout in ("non-streaming", "streaming"):
+        opts = replace(m.defaults, max_frames=12, text_layout=layout).greedy()
+        ar, ar_stats, _ = synth.generate_codes("Hello world, this is a test.", opts)
+        sp, sp_stats, w = synth.generate_codes("Hello world, this is a test.", replace(opts, mode="spec"))
+        warnings += w
+        assert sp.tolist() == ar.tolist()
+        assert ar_stats.predictor_calls == 15 * len(ar)
+        assert sp_stats.predictor_calls == sp_stats.spec.calls <= 15 * len(sp)
+        assert sp_stats.spec.tokens == 15 * len(sp)
+    assert sum("zero offsets" in w for w in warnings) == 1  # said once

@@ -1,0 +1,192 @@
+"""`leapvox train-offsets`, `leapvox calibrate-tree`, `leapvox bench-spec`: the assets and figures of spec mode."""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+# A small built-in corpus for models without an audio encoder: codes come from the model's own generations.
+SENTENCES = [
+    "The quick brown fox jumps over the lazy dog.",
+    "Please call Stella and ask her to bring these things with her from the store.",
+    "A journey of a thousand miles begins with a single step.",
+    "She sells sea shells by the sea shore, and the shells she sells are surely seashells.",
+    "It was the best of times, it was the worst of times.",
+    "How much wood would a woodchuck chuck if a woodchuck could chuck wood?",
+    "The rain in Spain stays mainly in the plain.",
+    "We choose to go to the moon in this decade and do the other things.",
+    "Every morning the baker opens his shop before the sun rises.",
+    "Turn left at the second light and the library will be on your right.",
+    "Music gives a soul to the universe, wings to the mind, and flight to the imagination.",
+    "Could you tell me the way to the train station, please?",
+    "The committee will announce its decision at the end of the month.",
+    "Bright stars filled the sky above the quiet mountain village.",
+    "He opened the window and let the cool evening air into the room.",
+    "Reading a good book is like having a conversation with the author.",
+    "The new bridge will connect the two halves of the city by next summer.",
+    "Thank you for your patience while we look into the problem.",
+    "Children were playing in the park while their parents watched from the benches.",
+    "After the storm, the fishermen repaired their nets on the beach.",
+]
+
+
+def add_commands(sub) -> None:
+    from leapvox.app.cli import _model_args  # shared --model / --dtype
+
+    t = sub.add_parser("train-offsets", help="train spec mode's draft offsets for a model (frozen model)")
+    _model_args(t)
+    t.add_argument("--texts", type=Path, help="text file, one sentence per line (default: a built-in set)")
+    t.add_argument("--utterances", type=int, default=20, help="how many sentences to generate frames from")
+    t.add_argument("--steps", type=int, default=400, help="Adam steps per variant (default 400)")
+    t.add_argument("--json", type=Path, help="also write the per-variant acceptance table here")
+    t.set_defaults(func=cmd_train_offsets)
+
+    c = sub.add_parser("calibrate-tree", help="measure acceptance and choose spec mode's draft tree for this CPU")
+    _model_args(c)
+    c.add_argument("--texts", type=Path, help="text file, one sentence per line (default: a built-in set)")
+    c.add_argument("--utterances", type=int, default=10)
+    c.add_argument("--json", type=Path, help="also write the measurements here")
+    c.set_defaults(func=cmd_calibrate_tree)
+
+    b = sub.add_parser("bench-spec", help="benchmark spec vs ar decoding of the code predictor (table + JSON)")
+    _model_args(b)
+    b.add_argument("--texts", type=Path)
+    b.add_argument("--utterances", type=int, default=8)
+    b.add_argument("--json", type=Path, default=Path("bench-spec.json"), help="where to write the raw numbers")
+    b.set_defaults(func=cmd_bench_spec)
+
+
+def _say(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def _load(args):
+    from leapvox.models.checkpoint import load_model
+    from leapvox.models.hub import resolve_model_path
+
+    from .cli import _require_model
+
+    folder = resolve_model_path(_require_model(args), pull=False)
+    return folder, load_model(folder, dtype=args.dtype)
+
+
+def _texts(args) -> list[str]:
+    lines = SENTENCES if args.texts is None else [ln.strip() for ln in args.texts.read_text().splitlines()]
+    lines = [ln for ln in lines if ln]
+    return (lines * (1 + args.utterances // max(1, len(lines))))[: args.utterances]
+
+
+def _frames(model, args):
+    from leapvox.models.spec_recipes import collect_frames
+
+    def progress(i, n, frames):
+        if sys.stderr.isatty():
+            print(f"\rgenerating frames: {i}/{n} utterances, {frames} frames", end="", file=sys.stderr, flush=True)
+
+    frames = collect_frames(model.synthesizer(), _texts(args), replace(model.defaults, seed=0), progress)
+    if sys.stderr.isatty():
+        print(file=sys.stderr)
+    return frames
+
+
+def cmd_train_offsets(args) -> int:
+    from leapvox.engine.spec import DEFAULT_TREE, SpecDecoder
+    from leapvox.models.spec_assets import offsets_path, save_offsets
+    from leapvox.models.spec_recipes import measure_spec, train_offsets
+
+    folder, model = _load(args)
+    cp = model.tts.talker.code_predictor
+    frames = _frames(model, args)
+    train, held = frames.split(0.8)
+    _say(f"{len(train.codes)} training frames, {len(held.codes)} held-out frames")
+    params = model.defaults.predictor
+    variants = {"zero": None}
+    for kind in ("ce", "kl"):
+        for per_position in (False, True):
+            name = f"{kind}{'-per-position' if per_position else ''}"
+            variants[name] = train_offsets(cp, train, kind=kind, per_position=per_position, steps=args.steps)
+    rows = {}
+    for name, b in variants.items():
+        tpc, per_depth, _ = measure_spec(cp, held, SpecDecoder(DEFAULT_TREE, b), params)
+        rows[name] = {"tokens_per_call": tpc, "acceptance_per_depth": per_depth}
+    print(f"{'offsets':<18} {'tok/call':>8}  per-depth acceptance (held-out, default tree)")
+    for name, r in rows.items():
+        print(f"{name:<18} {r['tokens_per_call']:8.3f}  " + " ".join(f"{a:.3f}" for a in r["acceptance_per_depth"]))
+    best = max((n for n in rows if n != "zero"), key=lambda n: rows[n]["tokens_per_call"])
+    if rows[best]["tokens_per_call"] > rows["zero"]["tokens_per_call"]:
+        path = save_offsets(offsets_path(folder), variants[best], {"variant": best, **rows[best]})
+        _say(f"kept {best}: {path}")
+    else:
+        _say("no trained variant beat zero offsets on the held-out frames; nothing saved")
+    if args.json:
+        args.json.write_text(json.dumps({"held_out_frames": len(held.codes), "variants": rows, "kept": best}, indent=1))
+    return 0
+
+
+def cmd_calibrate_tree(args) -> int:
+    from leapvox.models.spec_assets import load_offsets, save_tree, tree_path
+    from leapvox.models.spec_recipes import expected_accepted, grow_tree, rank_acceptance, verify_cost
+
+    folder, model = _load(args)
+    cp = model.tts.talker.code_predictor
+    offsets, _ = load_offsets(folder, cp.cfg.hidden_size)
+    frames = _frames(model, args)
+    depth = 3 if offsets is None else offsets.shape[-2]
+    acc = rank_acceptance(cp, frames, offsets, depth, ranks=16)
+    ar_cost = verify_cost(cp, 0)
+    results = []
+    for n in (4, 8, 16, 32, 64):
+        tree = grow_tree(acc, n)
+        ratio = verify_cost(cp, tree.size) / ar_cost
+        gain = (1 + expected_accepted(tree, acc)) / ratio
+        results.append({"N": tree.size, "expected_tokens_per_call": 1 + expected_accepted(tree, acc),
+                         "verify_over_ar_cost": ratio, "speedup_estimate": gain, "paths": tree.paths()[1:]})
+    print(f"{'N':>3} {'E[tok/call]':>11} {'verify/ar':>9} {'est. speedup':>12}")
+    for r in results:
+        print(f"{r['N']:3d} {r['expected_tokens_per_call']:11.3f} {r['verify_over_ar_cost']:9.2f} "
+              f"{r['speedup_estimate']:12.3f}")
+    best = max(results, key=lambda r: r["speedup_estimate"])
+    from leapvox.engine.spec import DraftTree
+
+    path = save_tree(tree_path(folder), DraftTree.from_paths(tuple(p) for p in best["paths"]),
+                     {"N": best["N"], "rank_acceptance": acc, "measured": results})
+    _say(f"chose N={best['N']}: {path}")
+    if args.json:
+        args.json.write_text(json.dumps({"rank_acceptance": acc, "trees": results}, indent=1))
+    return 0
+
+
+def cmd_bench_spec(args) -> int:
+    from leapvox.engine.spec import SpecDecoder
+    from leapvox.models.spec_assets import load_offsets, load_tree
+    from leapvox.models.spec_recipes import measure_ar, measure_spec, verify_cost
+
+    folder, model = _load(args)
+    cp = model.tts.talker.code_predictor
+    offsets, opath = load_offsets(folder, cp.cfg.hidden_size)
+    tree, tpath = load_tree(folder)
+    frames = _frames(model, args)
+    out = {"model": str(folder), "frames": len(frames.codes), "offsets": str(opath), "tree": str(tpath), "rows": []}
+    ar_cost = verify_cost(cp, 0)
+    for name, b in (("zero offsets", None), ("trained offsets", offsets)):
+        if name == "trained offsets" and b is None:
+            continue
+        for params in (model.defaults.predictor, replace(model.defaults.predictor, do_sample=False)):
+            spec = SpecDecoder(tree, b)
+            t_ar = measure_ar(cp, frames, params)
+            tpc, per_depth, t_spec = measure_spec(cp, frames, spec, params)
+            out["rows"].append({"offsets": name, "sampling": params.do_sample, "tokens_per_call": tpc,
+                                "acceptance_per_depth": per_depth, "ar_s": t_ar, "spec_s": t_spec,
+                                "inner_loop_speedup": t_ar / t_spec})
+    out["verify_over_ar_cost"] = {n: verify_cost(cp, n) / ar_cost for n in (4, 8, 16, 32, 64)}
+    print(f"{'offsets':<16} {'sampling':>8} {'tok/call':>8} {'ar s':>7} {'spec s':>7} {'speedup':>7}  acceptance/depth")
+    for r in out["rows"]:
+        print(f"{r['offsets']:<16} {str(r['sampling']):>8} {r['tokens_per_call']:8.3f} {r['ar_s']:7.2f} "
+              f"{r['spec_s']:7.2f} {r['inner_loop_speedup']:7.2f}  "
+              + " ".join(f"{a:.2f}" for a in r["acceptance_per_depth"]))
+    print("verify/ar cost ratio by N: " + ", ".join(f"{n}: {v:.2f}" for n, v in out["verify_over_ar_cost"].items()))
+    args.json.write_text(json.dumps(out, indent=1))
+    _say(f"wrote {args.json}")
+    return 0
