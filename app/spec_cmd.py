@@ -55,6 +55,8 @@ def add_commands(sub) -> None:
     b.add_argument("--texts", type=Path)
     b.add_argument("--utterances", type=int, default=8)
     b.add_argument("--json", type=Path, default=Path("bench-spec.json"), help="where to write the raw numbers")
+    b.add_argument("--cost-only", choices=["qwen3-tts-0.6b"], help="no model: time the verify call of a random-weight "
+                   "code predictor of this architecture (the cost side only)")
     b.set_defaults(func=cmd_bench_spec)
 
 
@@ -158,7 +160,37 @@ def cmd_calibrate_tree(args) -> int:
     return 0
 
 
+# Qwen3-TTS 0.6B code predictor geometry (config.json's code_predictor_config), for --cost-only.
+PREDICTOR_0_6B = dict(hidden_size=1024, intermediate_size=3072, num_hidden_layers=5, num_attention_heads=16,
+                      num_key_value_heads=8, head_dim=128, vocab_size=2048, num_code_groups=16)
+
+
+def bench_verify_cost(threads: int | None = None) -> dict:
+    """Median seconds of a verify call over N draft nodes vs an ar step, random 0.6B-size code predictor."""
+    import torch
+
+    from leapvox.engine.code_predictor import CodePredictor
+    from leapvox.engine.config import CodePredictorConfig
+    from leapvox.models.spec_recipes import verify_cost
+
+    torch.manual_seed(0)
+    cp = CodePredictor(CodePredictorConfig(**PREDICTOR_0_6B), talker_hidden=1024).eval()
+    ar = verify_cost(cp, 0)
+    rows = {n: verify_cost(cp, n) for n in (4, 8, 16, 32, 64)}
+    return {"threads": torch.get_num_threads(), "ar_call_s": ar, "verify_s": rows,
+            "verify_over_ar": {n: t / ar for n, t in rows.items()}}
+
+
 def cmd_bench_spec(args) -> int:
+    if args.cost_only:
+        out = bench_verify_cost()
+        print(f"ar call: {out['ar_call_s'] * 1000:.2f} ms ({out['threads']} threads)")
+        print(f"{'N':>3} {'verify ms':>9} {'verify/ar':>9}")
+        for n, t in out["verify_s"].items():
+            print(f"{n:3d} {t * 1000:9.2f} {out['verify_over_ar'][n]:9.2f}")
+        args.json.write_text(json.dumps(out, indent=1))
+        _say(f"wrote {args.json}")
+        return 0
     from leapvox.engine.spec import SpecDecoder
     from leapvox.models.spec_assets import load_offsets, load_tree
     from leapvox.models.spec_recipes import measure_ar, measure_spec, verify_cost

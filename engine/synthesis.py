@@ -61,10 +61,16 @@ class Synthesizer:
         tokenize: Callable[[str], list[int]],
         sample_rate: int,
         spec: SpecDecoder | None = None,
+        frontend: Callable[[str], str] | None = None,
     ):
         self.tts, self.codec, self.cfg, self.tokenize, self.sample_rate = tts, codec, cfg, tokenize, sample_rate
         self.spec = spec or SpecDecoder()  # spec mode's draft tree and offsets (None offsets: zero offsets)
         self._said_zero_offsets = False
+        self.frontend = frontend  # text -> model text (e.g. phonemes) before the prompt template, or None
+
+    def text_ids(self, text: str) -> list[int]:
+        """Token ids of the wrapped prompt text (after the model's front end, if it has one)."""
+        return self.tokenize(wrap_text(self.frontend(text) if self.frontend else text))
 
     def generate_codes(self, text: str, opts: SynthesisOptions) -> tuple[torch.Tensor, DecodeStats, list[str]]:
         """Codes [F, 16] for `text`; also the decoding counters and any warnings for the user."""
@@ -90,7 +96,7 @@ class Synthesizer:
             warnings.append("this model size ignores --instruct (only 1.7B models follow instructions)")
         elif opts.instruct:
             instruct_ids = self.tokenize(wrap_instruct(opts.instruct))
-        ids = self.tokenize(wrap_text(text))
+        ids = self.text_ids(text)
         talker = self.tts.talker
         prompt = build_prompt(talker, self.cfg, ids, opts.speaker, opts.language, opts.text_layout, instruct_ids)
         cap = opts.max_frames

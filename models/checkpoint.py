@@ -41,7 +41,10 @@ class LoadedModel:
     sample_rate: int
 
     def synthesizer(self) -> Synthesizer:
-        return Synthesizer(self.tts, self.codec, self.config, self.tokenizer, self.sample_rate, self.spec_decoder())
+        return Synthesizer(
+            self.tts, self.codec, self.config, self.tokenizer, self.sample_rate, self.spec_decoder(),
+            self.tokenizer.frontend,
+        )
 
     def spec_decoder(self, backend: str = "cpu", device: str = "cpu") -> SpecDecoder:
         """spec mode's trained offsets and calibrated tree for this model, where they exist."""
@@ -172,29 +175,53 @@ def load_config(folder: Path) -> TTSConfig:
     return cfg
 
 
+def load_codec(speech: Path, dtype) -> tuple[nn.Module, int]:
+    """The speech tokenizer's decoder named by speech_tokenizer/config.json: Qwen's 12 Hz codec or the demo codec."""
+    raw = read_json(speech / "config.json")
+    kind = raw.get("model_type", "qwen3_tts_tokenizer_12hz")
+    try:
+        if kind == "qwen3_tts_tokenizer_12hz":
+            cfg = CodecConfig.from_dict(raw)
+            with torch.device("meta"):
+                codec = CodecDecoder(cfg)
+            prefix, rate = CODEC_PREFIX, cfg.output_sample_rate
+        elif kind == "leapvox_demo_codec":
+            from leapvox.engine.demo_codec import DemoCodec, DemoCodecConfig
+
+            cfg = DemoCodecConfig.from_dict(raw)
+            codec, prefix, rate = DemoCodec(cfg), "", cfg.sample_rate  # small; its filterbank is computed here
+        else:
+            raise CheckpointError(f"unsupported speech tokenizer type {kind!r} in {speech}")
+    except (TypeError, ValueError) as e:
+        raise CheckpointError(f"{speech / 'config.json'} is not usable: {e}") from None
+    load_weights(codec, read_tensors(_weight_files(speech, "model"), prefix), prefix, dtype)
+    return codec, rate
+
+
+def text_frontend(raw_config: dict):
+    """A text -> text step before tokenization that a model asks for (the demo model reads espeak IPA)."""
+    if raw_config.get("leapvox_text_frontend") == "espeak-ng-ipa":
+        from .demo.frontend import ipa
+
+        return ipa
+    return None
+
+
 def load_model(path: str | Path, dtype: str | torch.dtype = torch.float32, device: str = "cpu") -> LoadedModel:
     """Load config, weights, text tokenizer and codec decoder from a checkpoint folder."""
     folder = check_folder(Path(path))
     dtype = DTYPES[dtype] if isinstance(dtype, str) else dtype
     cfg = load_config(folder)
     speech = folder / "speech_tokenizer"
-    codec_raw = read_json(speech / "config.json")
-    if codec_raw.get("model_type", "qwen3_tts_tokenizer_12hz") != "qwen3_tts_tokenizer_12hz":
-        raise CheckpointError(f"unsupported speech tokenizer type {codec_raw.get('model_type')!r} in {speech}")
-    try:
-        codec_cfg = CodecConfig.from_dict(codec_raw)
-    except (TypeError, ValueError) as e:
-        raise CheckpointError(f"speech_tokenizer/config.json in {folder} is not usable: {e}") from None
     with torch.device("meta"):
         tts = TTSModel(cfg.talker)
-        codec = CodecDecoder(codec_cfg)
     load_weights(tts, read_tensors(_weight_files(folder, "model")), "", dtype)
-    load_weights(codec, read_tensors(_weight_files(speech, "model"), CODEC_PREFIX), CODEC_PREFIX, dtype)
+    codec, sample_rate = load_codec(speech, dtype)
     tts.to(device).eval()
     codec.to(device).eval()
-    tokenizer = TextTokenizer(folder)
+    tokenizer = TextTokenizer(folder, frontend=text_frontend(read_json(folder / "config.json")))
     defaults = generation_defaults(folder)
     speaker = next(iter(cfg.talker.spk_id), None)
     return LoadedModel(
-        folder, cfg, tts, codec, tokenizer, replace(defaults, speaker=speaker), codec_cfg.output_sample_rate
+        folder, cfg, tts, codec, tokenizer, replace(defaults, speaker=speaker), sample_rate
     )

@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from leapvox.engine.code_predictor import CodePredictor
 from leapvox.engine.generate import predict_codes
 from leapvox.engine.options import SynthesisOptions, validate
-from leapvox.engine.prompt import build_prompt, wrap_text
+from leapvox.engine.prompt import build_prompt
 from leapvox.engine.sampling import SamplingParams, temperature_top_k_top_p
 from leapvox.engine.spec import DraftTree, SpecDecoder, predict_codes_spec
 from leapvox.engine.synthesis import Synthesizer
@@ -45,7 +45,7 @@ def collect_frames(synth: Synthesizer, texts: list[str], opts: SynthesisOptions,
         codes, _, _ = synth.generate_codes(text, o)
         if len(codes) == 0:
             continue
-        prompt = build_prompt(talker, synth.cfg, synth.tokenize(wrap_text(text)), o.speaker, o.language, o.text_layout)
+        prompt = build_prompt(talker, synth.cfg, synth.text_ids(text), o.speaker, o.language, o.text_layout)
         steps = [talker.embed_frame(codes[k : k + 1]) + prompt.step_text(k) for k in range(len(codes) - 1)]
         x = torch.cat([prompt.embeds, *steps], dim=1)
         hidden = talker.model.forward_train(x)[0]  # [L + F - 1, Ht]

@@ -17,7 +17,7 @@ from leapvox.engine.errors import CheckpointError
 class TextTokenizer:
     """`encode(text) -> ids` without BOS or extra special tokens."""
 
-    def __init__(self, folder: Path):
+    def __init__(self, folder: Path, frontend=None):
         import transformers
 
         vocab, merges = folder / "vocab.json", folder / "merges.txt"
@@ -44,6 +44,7 @@ class TextTokenizer:
                     hint="the tokenizer files do not belong together; download the model again",
                 )
         self._tok = tok
+        self.frontend = frontend  # text -> text before wrapping (e.g. phonemes), or None
 
     def encode(self, text: str) -> list[int]:
         return list(self._tok.encode(text, add_special_tokens=False))

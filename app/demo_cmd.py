@@ -1,0 +1,83 @@
+"""`leapvox demo build-data|wer`: build the demo model's training data and measure intelligibility.
+
+Both need the `demo` extra (pip install 'leapvox[demo]') and the Debian packages espeak-ng and fortunes.
+Only argparse here at import time. Data on stdout (JSON), progress on stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+
+def add_commands(sub) -> None:
+    """Register `demo` (with build-data and wer) on the top-level subparsers."""
+    d = sub.add_parser("demo", help="build the demo model's data and codec; score intelligibility (WER)",
+                       description="Recipes behind the bundled demo model; need pip install 'leapvox[demo]', "
+                       "espeak-ng and fortunes.")
+    dsub = d.add_subparsers(dest="demo_command", metavar="SUBCOMMAND")
+    d.set_defaults(func=lambda args: _usage(d))
+
+    p = dsub.add_parser("build-data", help="fortunes -> espeak-ng -> demo codec fit + codes (train/test)")
+    p.add_argument("--out", required=True, type=Path, help="output folder (e.g. /work/demo_data)")
+    p.add_argument("--test-size", type=int, default=500, help="held-out sentences (default 500)")
+    p.add_argument("--variants", type=int, default=3, help="renditions per sentence, 1-9 (default 3)")
+    p.add_argument("--fit-sentences", type=int, default=2400, help="train sentences that fit the codec")
+    p.add_argument("--limit", type=int, help="keep only this many train sentences (quick trials)")
+    p.add_argument("--workers", type=int, default=2, help="processes (default 2)")
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(func=cmd_build_data)
+
+    p = dsub.add_parser("wer", help="pocketsphinx WER of raw espeak and codec resynthesis on the test split")
+    p.add_argument("--data", required=True, type=Path, help="folder written by build-data")
+    p.add_argument("-n", type=int, default=300, help="test sentences to score (default 300)")
+    p.add_argument("--what", default="espeak,codec", help="comma list of: espeak, codec (default both)")
+    p.add_argument("--out", type=Path, help="also write the report with every hypothesis to this JSON file")
+    p.add_argument("--workers", type=int, default=2)
+    p.set_defaults(func=cmd_wer)
+
+
+def _usage(parser: argparse.ArgumentParser) -> int:
+    parser.print_help(sys.stderr)
+    return 2
+
+
+def cmd_build_data(args) -> int:
+    from leapvox.models.demo.data import build_data
+
+    if not 1 <= args.variants <= 9:
+        print("leapvox: --variants must be 1..9", file=sys.stderr)
+        return 2
+    manifest = build_data(args.out, test_size=args.test_size, variants=args.variants,
+                          fit_sentences=args.fit_sentences, workers=args.workers, seed=args.seed, limit=args.limit)
+    print(json.dumps({"out": str(args.out), "split": manifest["split"], "timings": manifest["timings"]}, indent=2))
+    return 0
+
+
+def cmd_wer(args) -> int:
+    import torch
+
+    from leapvox.models.demo import quality
+    from leapvox.models.demo.codec_fit import load_codec
+
+    torch.set_num_threads(1)
+    texts = torch.load(args.data / "test.pt")["text"][: args.n]
+    results, report = {}, {"sentences": len(texts)}
+    for what in args.what.split(","):
+        if what == "espeak":
+            results[what] = quality.score_espeak(texts, args.workers)
+        elif what == "codec":
+            results[what] = quality.score_codec(texts, load_codec(args.data / "speech_tokenizer"), args.workers)
+        else:
+            print(f"leapvox: unknown --what {what!r} (espeak, codec)", file=sys.stderr)
+            return 2
+        report[what] = results[what].summary()
+    if "espeak" in results and "codec" in results:
+        report["codec_minus_espeak"] = quality.paired_delta(results["espeak"], results["codec"])
+    print(json.dumps(report, indent=2))
+    if args.out:
+        full = dict(report, hypotheses={k: r.hyps for k, r in results.items()}, references=texts)
+        args.out.write_text(json.dumps(full, indent=1) + "\n")
+    return 0

@@ -1,0 +1,172 @@
+"""Intelligibility harness for the demo model: pocketsphinx word error rate with bootstrap confidence intervals.
+
+Front end (from the feasibility study): peak-normalise to 0.9, add white noise sigma 3e-3 (espeak's exact
+digital silence otherwise breaks pocketsphinx's noise estimate), resample to 16 kHz. Text on both sides:
+lower-case, hyphens to spaces, everything but [a-z' ] dropped, quotes trimmed off words.
+
+score_audio(texts, make_audio) scores any text -> audio callable: raw espeak (score_espeak), codec
+resynthesis (score_codec) or the trained model later. Needs the `demo` extra (pocketsphinx, jiwer, scipy).
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import re
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+NOISE_SIGMA = 3e-3
+PEAK = 0.9
+
+
+def log(msg: str) -> None:
+    print(f"leapvox: {msg}", file=sys.stderr, flush=True)
+
+
+def normalise_text(text: str) -> str:
+    words = re.sub(r"[^a-z' ]", " ", text.lower().replace("-", " ")).split()
+    return " ".join(w.strip("'") for w in words if w.strip("'"))
+
+
+def asr_input(wav: np.ndarray, sample_rate: int, seed: int = 0) -> np.ndarray:
+    """float audio at 24 kHz or 22,050 Hz -> int16 16 kHz with the noise floor."""
+    from scipy.signal import resample_poly
+
+    x = np.asarray(wav, dtype=np.float64).reshape(-1)
+    x = x * (PEAK / max(np.abs(x).max(), 1e-9))
+    x = x + np.random.default_rng(seed).normal(0.0, NOISE_SIGMA, x.shape)
+    up, down = {24000: (2, 3), 22050: (320, 441), 16000: (1, 1)}[sample_rate]
+    x = resample_poly(x, up, down)
+    return np.clip(np.round(x * 32767), -32768, 32767).astype(np.int16)
+
+
+_DECODER = None
+
+
+def _init_asr() -> None:
+    global _DECODER
+    from pocketsphinx import Decoder
+
+    _DECODER = Decoder(loglevel="FATAL")
+
+
+def _transcribe(pcm16: np.ndarray) -> str:
+    _DECODER.start_utt()
+    _DECODER.process_raw(pcm16.tobytes(), full_utt=True)
+    _DECODER.end_utt()
+    hyp = _DECODER.hyp()
+    return hyp.hypstr if hyp is not None else ""
+
+
+@dataclass
+class WerResult:
+    """Per-sentence counts; WER = errors / words over the whole set."""
+
+    refs: list[str]
+    hyps: list[str]
+    errors: np.ndarray  # [S] substitutions + deletions + insertions
+    words: np.ndarray  # [S] reference words
+    sdi: tuple[int, int, int]
+
+    @property
+    def wer(self) -> float:
+        return float(self.errors.sum() / self.words.sum())
+
+    def ci(self, draws: int = 2000, seed: int = 0) -> tuple[float, float]:
+        return bootstrap_ci(self.errors, self.words, draws=draws, seed=seed)
+
+    def summary(self) -> dict:
+        lo, hi = self.ci()
+        s, d, i = self.sdi
+        return {"wer": round(self.wer, 4), "ci95": [round(lo, 4), round(hi, 4)], "sentences": len(self.refs),
+                "words": int(self.words.sum()), "sub": s, "del": d, "ins": i,
+                "exact": round(float((self.errors == 0).mean()), 4)}
+
+
+def word_errors(refs: list[str], hyps: list[str]) -> WerResult:
+    import jiwer
+
+    errors, words, sdi = [], [], np.zeros(3, dtype=int)
+    for r, h in zip(refs, hyps, strict=True):
+        r, h = normalise_text(r), normalise_text(h)
+        if not h:
+            n = len(r.split())
+            errors.append(n)
+            words.append(n)
+            sdi += (0, n, 0)
+            continue
+        o = jiwer.process_words(r, h)
+        errors.append(o.substitutions + o.deletions + o.insertions)
+        words.append(o.substitutions + o.deletions + o.hits)
+        sdi += (o.substitutions, o.deletions, o.insertions)
+    return WerResult(list(refs), list(hyps), np.array(errors), np.array(words), tuple(int(v) for v in sdi))
+
+
+def bootstrap_ci(errors: np.ndarray, words: np.ndarray, draws: int = 2000, seed: int = 0,
+                 level: float = 0.95) -> tuple[float, float]:
+    """Percentile bootstrap over sentences of sum(errors) / sum(words)."""
+    rng = np.random.default_rng(seed)
+    idx = rng.integers(0, len(errors), size=(draws, len(errors)))
+    stats = errors[idx].sum(1) / np.maximum(words[idx].sum(1), 1)
+    a = (1 - level) / 2
+    return float(np.quantile(stats, a)), float(np.quantile(stats, 1 - a))
+
+
+def paired_delta(a: WerResult, b: WerResult, draws: int = 2000, seed: int = 0) -> dict:
+    """WER(b) - WER(a) on the same sentences with a paired bootstrap CI (the same resampled sentences)."""
+    rng = np.random.default_rng(seed)
+    idx = rng.integers(0, len(a.errors), size=(draws, len(a.errors)))
+    words = a.words[idx].sum(1)
+    diff = (b.errors[idx].sum(1) - a.errors[idx].sum(1)) / np.maximum(words, 1)
+    return {"delta": round(b.wer - a.wer, 4),
+            "ci95": [round(float(np.quantile(diff, 0.025)), 4), round(float(np.quantile(diff, 0.975)), 4)]}
+
+
+def transcribe_all(audio: list[np.ndarray], workers: int = 2) -> list[str]:
+    """16 kHz int16 clips -> pocketsphinx hypotheses, on `workers` processes."""
+    t0, out = time.perf_counter(), []
+    with mp.get_context("spawn").Pool(workers, _init_asr) as pool:
+        for i, hyp in enumerate(pool.imap(_transcribe, audio, chunksize=4), 1):
+            out.append(hyp)
+            if i % 50 == 0 or i == len(audio):
+                log(f"asr: {i}/{len(audio)} ({time.perf_counter() - t0:.0f} s)")
+    return out
+
+
+def score_audio(texts: list[str], make_audio: Callable[[str, int], tuple[np.ndarray, int]],
+                workers: int = 2) -> WerResult:
+    """WER of any text -> audio function: make_audio(text, index) -> (float waveform, sample rate)."""
+    clips = []
+    for i, text in enumerate(texts):
+        wav, rate = make_audio(text, i)
+        clips.append(asr_input(wav, rate, seed=i))
+    return word_errors(texts, transcribe_all(clips, workers))
+
+
+def score_espeak(texts: list[str], workers: int = 2) -> WerResult:
+    """(a) Raw espeak-ng audio (canonical voice, resampled to 24 kHz as the codec sees it)."""
+    from .data import espeak, to_24k
+
+    return score_audio(texts, lambda t, i: (to_24k(espeak(t)[0]).numpy(), 24000), workers)
+
+
+def score_codec(texts: list[str], codec, workers: int = 2) -> WerResult:
+    """(b) Codec resynthesis: espeak -> encode -> one-shot decode."""
+    from .data import espeak, to_24k
+
+    def resynth(text, i):
+        with torch.no_grad():
+            codes = codec.encode(to_24k(espeak(text)[0]))  # [T, 16]
+            return codec(codes.t()[None])[0, 0].numpy(), 24000
+
+    return score_audio(texts, resynth, workers)
+
+
+def score_codes(texts: list[str], codes: list[torch.Tensor], codec, workers: int = 2) -> WerResult:
+    """Decode stored codes [T, 16] (e.g. the dataset's, or a model's output) and score them."""
+    return score_audio(texts, lambda t, i: (codec(codes[i].long().t()[None])[0, 0].numpy(), 24000), workers)

@@ -1,0 +1,215 @@
+"""Training recipe for the demo model: a small Qwen3-TTS-architecture talker + code predictor on espeak speech.
+
+Same networks (engine/talker.py) and the same non-streaming CustomVoice prompt as Qwen3-TTS; the text track
+carries espeak-ng IPA phonemes through a tiny byte-level BPE tokenizer in the Qwen2 file format. Teacher
+forcing: loss = CE(code 0, talker) + mean CE(codes 1..15, code predictor on a random 25 % of frames).
+Resumable: `state.pt` in the output folder holds model, optimizer and step; `export()` writes the official
+folder layout (config.json, model.safetensors, tokenizer files, speech_tokenizer/).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from leapvox.engine.config import TTSConfig
+from leapvox.engine.talker import TTSModel
+
+from .tokenizer_files import write_tokenizer
+
+SPEAKER, LANGUAGE = "leap", "english"
+
+
+def demo_config(text_vocab_size: int, special_ids: dict[str, int], assistant_id: int, size: str = "small") -> dict:
+    """config.json for the demo model: code 0 in 0..1023, control ids in the suppressed range 1024..2047."""
+    h = {"small": 256, "tiny": 64}[size]
+    layer = dict(
+        hidden_size=h, intermediate_size=3 * h, num_attention_heads=4, num_key_value_heads=2, head_dim=h // 4,
+        rms_norm_eps=1e-6, rope_theta=10000.0, max_position_embeddings=4096,
+    )
+    talker = dict(
+        layer, num_hidden_layers=4, vocab_size=2048, text_vocab_size=text_vocab_size, text_hidden_size=h,
+        num_code_groups=16, codec_pad_id=1100, codec_bos_id=1101, codec_eos_token_id=1102, codec_think_id=1103,
+        codec_nothink_id=1104, codec_think_bos_id=1105, codec_think_eos_id=1106,
+        codec_language_id={LANGUAGE: 1110}, spk_id={SPEAKER: 1200}, spk_is_dialect={SPEAKER: False},
+        code_predictor_config=dict(layer, num_hidden_layers=2, vocab_size=256, num_code_groups=16),
+    )
+    return {
+        "model_type": "qwen3_tts", "tts_model_type": "custom_voice", "tts_model_size": "demo",
+        "tokenizer_type": "qwen3_tts_tokenizer_12hz", "leapvox_text_frontend": "espeak-ng-ipa",
+        "im_start_token_id": special_ids["<|im_start|>"], "im_end_token_id": special_ids["<|im_end|>"],
+        "assistant_token_id": assistant_id, "tts_pad_token_id": special_ids["<tts_pad>"],
+        "tts_bos_token_id": special_ids["<tts_text_bos>"], "tts_eos_token_id": special_ids["<tts_text_eod>"],
+        "talker_config": talker,
+    }
+
+
+@dataclass
+class Example:
+    role: list[int]  # 3 ids
+    body: list[int]  # N phoneme token ids
+    codes: torch.Tensor  # [F, 16] int64
+
+
+def make_batch(model: TTSModel, cfg: TTSConfig, batch: list[Example], device="cpu"):
+    """Input embeddings [B, S, H], code-0 targets [B, S] (-100 = no loss) and frame bookkeeping."""
+    talker, tc = model.talker, cfg.talker
+    control = [tc.codec_think_id, tc.codec_think_bos_id, tc.codec_language_id[LANGUAGE], tc.codec_think_eos_id,
+               tc.spk_id[SPEAKER], tc.codec_pad_id]
+    pad_t, bos_t, eos_t = cfg.tts_pad_token_id, cfg.tts_bos_token_id, cfg.tts_eos_token_id
+    lens = [len(e.role) + len(control) + len(e.body) + 2 + len(e.codes) for e in batch]
+    S, B = max(lens), len(batch)
+    text = torch.full((B, S), pad_t, dtype=torch.long)
+    text_on = torch.zeros(B, S, dtype=torch.bool)
+    codec = torch.zeros(B, S, dtype=torch.long)
+    codec_on = torch.zeros(B, S, dtype=torch.bool)
+    frames = torch.zeros(B, S, 16, dtype=torch.long)
+    frame_on = torch.zeros(B, S, dtype=torch.bool)
+    target = torch.full((B, S), -100, dtype=torch.long)
+    starts = []
+    for b, e in enumerate(batch):
+        f = len(e.codes)
+        tids = e.role + [pad_t] * (len(control) - 1) + [bos_t] + e.body + [eos_t, pad_t]
+        text[b, : len(tids)] = torch.tensor(tids)
+        text_on[b, : len(tids)] = True
+        L = len(tids)
+        codec[b, 3 : 3 + len(control)] = torch.tensor(control)
+        codec[b, 3 + len(control) : L - 1] = tc.codec_pad_id
+        codec[b, L - 1] = tc.codec_bos_id
+        codec_on[b, 3:L] = True
+        frames[b, L : L + f] = e.codes
+        frame_on[b, L : L + f] = True
+        text_on[b, L : L + f] = True  # PAD rides on every frame
+        target[b, L - 1 : L - 1 + f] = e.codes[:, 0]
+        target[b, L - 1 + f] = tc.codec_eos_token_id
+        starts.append(L)
+    x = torch.where(text_on[..., None], talker.embed_text(text), 0.0)
+    x = x + torch.where(codec_on[..., None], talker.embed_codec(codec), 0.0)
+    tables = talker.code_predictor.model.codec_embedding
+    fsum = talker.embed_codec(frames[..., 0]) + sum(tables[g](frames[..., g + 1]) for g in range(15))
+    x = x + torch.where(frame_on[..., None], fsum, 0.0)
+    return x.to(device), target.to(device), starts, frames
+
+
+def loss_on(model: TTSModel, cfg: TTSConfig, batch: list[Example], dropout: float, cp_fraction: float, rng):
+    talker = model.talker
+    cp = talker.code_predictor
+    x, target, starts, frames = make_batch(model, cfg, batch)
+    h = talker.model.forward_train(x, dropout)  # [B, S, H]
+    logits = talker.codec_head(h)
+    l0 = F.cross_entropy(logits.flatten(0, 1), target.flatten(), ignore_index=-100)
+    # code predictor on a random fraction of frames: rows [h_{L-1+k}, C(c0_k), E(c1..c14)]
+    picks = [(b, k) for b, e in enumerate(batch) for k in range(len(e.codes)) if rng.random() < cp_fraction]
+    if not picks:
+        return l0, torch.zeros(())
+    bi = torch.tensor([b for b, _ in picks])
+    ki = torch.tensor([starts[b] + k for b, k in picks])
+    hid = h[bi, ki - 1][:, None]  # the hidden that produced code 0 of that frame
+    codes = frames[bi, ki]  # [M, 16]
+    rows = [cp.prefill_rows(hid, talker.embed_codec(codes[:, :1]))]
+    rows += [cp.embed(g, codes[:, g : g + 1]) for g in range(1, 15)]
+    hc = cp.model.forward_train(torch.cat(rows, 1), dropout)  # [M, 16, Hc]
+    lcp = sum(F.cross_entropy(cp.lm_head[g](hc[:, g + 1]), codes[:, g + 1]) for g in range(15)) / 15
+    return l0, lcp
+
+
+def load_examples(data_dir: Path, split: str, tokenize, max_frames: int = 200) -> list[Example]:
+    d = torch.load(data_dir / f"{split}.pt", weights_only=False)
+    role = tokenize("<|im_start|>assistant\n")
+    out = []
+    for u in range(len(d["sentence"])):
+        s = int(d["sentence"][u])
+        codes = d["codes"][d["offsets"][u] : d["offsets"][u + 1]].long()
+        if not d["phonemes"][s] or len(codes) > max_frames:
+            continue
+        out.append(Example(role, tokenize(d["phonemes"][s]), codes))
+    return out
+
+
+def export(model: TTSModel, cfg_dict: dict, tok_dir: Path, codec_dir: Path, out: Path, meta: dict) -> Path:
+    """Write the official folder layout (weights in bf16 like the real checkpoints)."""
+    from safetensors.torch import save_file
+
+    out.mkdir(parents=True, exist_ok=True)
+    state = {k: v.detach().to(torch.bfloat16).contiguous() for k, v in model.state_dict().items()}
+    save_file(state, str(out / "model.safetensors"), metadata={k: str(v) for k, v in meta.items()})
+    (out / "config.json").write_text(json.dumps(cfg_dict, indent=1))
+    gen = {"do_sample": True, "temperature": 0.8, "top_k": 50, "top_p": 1.0, "repetition_penalty": 1.05,
+           "subtalker_dosample": True, "subtalker_temperature": 0.8, "subtalker_top_k": 50, "subtalker_top_p": 1.0,
+           "max_new_tokens": 2048}
+    (out / "generation_config.json").write_text(json.dumps(gen, indent=2))
+    for f in ("vocab.json", "merges.txt", "tokenizer_config.json"):
+        shutil.copy(tok_dir / f, out / f)
+    if (out / "speech_tokenizer").exists():
+        shutil.rmtree(out / "speech_tokenizer")
+    shutil.copytree(codec_dir, out / "speech_tokenizer")
+    return out
+
+
+def train(data_dir: str, out_dir: str, steps: int = 20000, batch: int = 16, lr: float = 1e-3,
+          dropout: float = 0.1, cp_fraction: float = 0.25, save_every: int = 500, seed: int = 0,
+          threads: int | None = None, size: str = "small", log=print) -> Path:
+    """Train (or resume) the demo model; returns the exported folder."""
+    from leapvox.models.tokenizer import TextTokenizer
+
+    if threads:
+        torch.set_num_threads(threads)
+    data, out = Path(data_dir), Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    tok_dir = out / "tokenizer"
+    train_pt = torch.load(data / "train.pt", weights_only=False)
+    ids = write_tokenizer(tok_dir, train_pt["phonemes"])
+    tokenizer = TextTokenizer(tok_dir)
+    cfg_dict = demo_config(ids["vocab_size"], ids["special"], ids["assistant"], size)
+    cfg = TTSConfig.from_dict(cfg_dict)
+    torch.manual_seed(seed)
+    model = TTSModel(cfg.talker)
+    examples = load_examples(data, "train", tokenizer)
+    held_out = load_examples(data, "test", tokenizer)[:64]
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.98), weight_decay=0.01)
+    step, state = 0, out / "state.pt"
+    if state.is_file():
+        s = torch.load(state, weights_only=False)
+        model.load_state_dict(s["model"])
+        opt.load_state_dict(s["opt"])
+        step = s["step"]
+        log(f"resumed at step {step}")
+    rng = random.Random(seed + step)
+    examples.sort(key=lambda e: len(e.codes) + len(e.body))
+    buckets = [examples[i : i + batch] for i in range(0, len(examples), batch)]
+    n_params = sum(p.numel() for p in model.parameters())
+    log(f"{len(examples)} training utterances, {len(held_out)} held-out, {n_params:,} params")
+    t0 = time.time()
+    while step < steps:
+        model.train()
+        warm = min(1.0, (step + 1) / 150)
+        for g in opt.param_groups:
+            g["lr"] = lr * warm
+        l0, lcp = loss_on(model, cfg, rng.choice(buckets), dropout, cp_fraction, rng)
+        opt.zero_grad()
+        (l0 + lcp).backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        step += 1
+        if step % 50 == 0:
+            log(f"step {step}  l0 {l0.item():.3f}  lcp {lcp.item():.3f}  {(time.time() - t0) / 50:.2f} s/step")
+            t0 = time.time()
+        if step % save_every == 0 or step == steps:
+            model.eval()
+            with torch.no_grad():
+                v0, vcp = loss_on(model, cfg, held_out, 0.0, 1.0, random.Random(0))
+            log(f"step {step}  held-out l0 {v0.item():.3f}  lcp {vcp.item():.3f}")
+            tmp = state.with_suffix(".part")
+            torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": step}, tmp)
+            tmp.replace(state)
+            export(model, cfg_dict, tok_dir, data / "speech_tokenizer", out / "export",
+                   {"step": step, "held_out_l0": round(v0.item(), 4), "held_out_lcp": round(vcp.item(), 4)})
+    return out / "export"
+
