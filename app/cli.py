@@ -136,15 +136,12 @@ def read_text(args) -> str:
 def speak_options(args, defaults):
     from dataclasses import replace
 
+    def given(obj, **values):  # replace() with only the options the user gave
+        return replace(obj, **{k: v for k, v in values.items() if v is not None})
+
     def sampling(p):
         p = replace(p, do_sample=p.do_sample and not args.greedy)
-        if args.temperature is not None:
-            p = replace(p, temperature=args.temperature)
-        if args.top_k is not None:
-            p = replace(p, top_k=args.top_k)
-        if args.top_p is not None:
-            p = replace(p, top_p=args.top_p)
-        return p
+        return given(p, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
 
     opts = replace(
         defaults,
@@ -157,13 +154,9 @@ def speak_options(args, defaults):
         runaway_guard=not args.no_guard,
         mode=args.mode,
     )
-    if args.speaker:
-        opts = replace(opts, speaker=args.speaker)
-    if args.repetition_penalty is not None:
-        opts = replace(opts, repetition_penalty=args.repetition_penalty)
-    if args.max_frames is not None:
-        opts = replace(opts, max_frames=args.max_frames)
-    return opts
+    return given(
+        opts, speaker=args.speaker or None, repetition_penalty=args.repetition_penalty, max_frames=args.max_frames
+    )
 
 
 def cmd_speak(args) -> int:
