@@ -85,11 +85,12 @@ def build_parser() -> argparse.ArgumentParser:
     _model_args(k)
     k.set_defaults(func=cmd_speakers)
 
-    from leapvox.app import live_cmd, models_cmd, spec_cmd
+    from leapvox.app import demo_cmd, live_cmd, models_cmd, spec_cmd
 
     models_cmd.add_commands(sub)
     live_cmd.add_commands(sub)
     spec_cmd.add_commands(sub)
+    demo_cmd.add_commands(sub)
     return p
 
 
