@@ -38,6 +38,25 @@ def add_commands(sub) -> None:
     p.add_argument("--workers", type=int, default=2)
     p.set_defaults(func=cmd_wer)
 
+    p = dsub.add_parser("train", help="train (or resume) the demo talker + code predictor on build-data's output")
+    p.add_argument("--data", required=True, type=Path, help="folder written by build-data")
+    p.add_argument("--out", required=True, type=Path, help="checkpoints + export/ (resumes from out/state.pt)")
+    p.add_argument("--steps", type=int, default=20000, help="total optimizer steps (default 20000)")
+    p.add_argument("--batch", type=int, default=16)
+    p.add_argument("--save-every", type=int, default=500, help="checkpoint + export every N steps")
+    p.add_argument("--size", choices=["small", "tiny"], default="small")
+    p.add_argument("--threads", type=int, help="torch threads (default: torch's choice)")
+    p.set_defaults(func=cmd_train)
+
+
+def cmd_train(args) -> int:
+    from leapvox.models.demo.train import train
+
+    out = train(str(args.data), str(args.out), steps=args.steps, batch=args.batch, save_every=args.save_every,
+                size=args.size, threads=args.threads, log=lambda m: print(m, file=sys.stderr, flush=True))
+    print(out)
+    return 0
+
 
 def _usage(parser: argparse.ArgumentParser) -> int:
     parser.print_help(sys.stderr)
