@@ -39,6 +39,8 @@ def add_commands(sub) -> None:
     _model_args(t)
     t.add_argument("--texts", type=Path, help="text file, one sentence per line (default: a built-in set)")
     t.add_argument("--utterances", type=int, default=20, help="how many sentences to generate frames from")
+    t.add_argument("--data", type=Path, help="use ground-truth codes from a `leapvox demo build-data` folder "
+                   "(train split) instead of the model's own generations")
     t.add_argument("--steps", type=int, default=400, help="Adam steps per variant (default 400)")
     t.add_argument("--json", type=Path, help="also write the per-variant acceptance table here")
     t.set_defaults(func=cmd_train_offsets)
@@ -83,6 +85,9 @@ def _texts(args) -> list[str]:
 def _frames(model, args):
     from leapvox.models.spec_recipes import collect_frames
 
+    if getattr(args, "data", None):
+        return _data_frames(model, args.data / "train.pt", args.utterances)
+
     def progress(i, n, frames):
         if sys.stderr.isatty():
             print(f"\rgenerating frames: {i}/{n} utterances, {frames} frames", end="", file=sys.stderr, flush=True)
@@ -91,6 +96,20 @@ def _frames(model, args):
     if sys.stderr.isatty():
         print(file=sys.stderr)
     return frames
+
+
+def _data_frames(model, path: Path, utterances: int):
+    """Teacher-forced frames over ground-truth codes of encoded speech (the paper's recipe)."""
+    import torch
+
+    from leapvox.models.spec_recipes import Frames, teacher_forced_frames
+
+    d = torch.load(path, weights_only=False)
+    synth, parts = model.synthesizer(), []
+    for u in range(min(utterances, len(d["sentence"]))):
+        codes = d["codes"][d["offsets"][u] : d["offsets"][u + 1]].long()
+        parts.append(teacher_forced_frames(synth, d["text"][int(d["sentence"][u])], codes, model.defaults))
+    return Frames(*(torch.cat([getattr(p, f) for p in parts]) for f in ("hidden", "code0_embed", "codes")))
 
 
 def cmd_train_offsets(args) -> int:

@@ -38,24 +38,27 @@ class Frames:
 @torch.inference_mode()
 def collect_frames(synth: Synthesizer, texts: list[str], opts: SynthesisOptions, progress=None) -> Frames:
     """Generate each text with ar and recover the talker hidden of every frame by teacher forcing."""
-    talker = synth.tts.talker
-    hs, es, cs = [], [], []
+    parts = []
     for i, text in enumerate(texts):
         o = validate(replace(opts, seed=(opts.seed or 0) + i), synth.cfg)
         codes, _, _ = synth.generate_codes(text, o)
-        if len(codes) == 0:
-            continue
-        prompt = build_prompt(talker, synth.cfg, synth.text_ids(text), o.speaker, o.language, o.text_layout)
-        steps = [talker.embed_frame(codes[k : k + 1]) + prompt.step_text(k) for k in range(len(codes) - 1)]
-        x = torch.cat([prompt.embeds, *steps], dim=1)
-        hidden = talker.model.forward_train(x)[0]  # [L + F - 1, Ht]
-        L = prompt.embeds.shape[1]
-        hs.append(hidden[L - 1 : L - 1 + len(codes)])
-        es.append(talker.embed_codec(codes[:, 0]))
-        cs.append(codes)
+        if len(codes):
+            parts.append(teacher_forced_frames(synth, text, codes, o))
         if progress:
-            progress(i + 1, len(texts), sum(len(c) for c in cs))
-    return Frames(torch.cat(hs), torch.cat(es), torch.cat(cs))
+            progress(i + 1, len(texts), sum(len(p.codes) for p in parts))
+    return Frames(*(torch.cat([getattr(p, f) for p in parts]) for f in ("hidden", "code0_embed", "codes")))
+
+
+@torch.inference_mode()
+def teacher_forced_frames(synth: Synthesizer, text: str, codes: torch.Tensor, opts: SynthesisOptions) -> Frames:
+    """Frames of `codes` [F, 16] (generated, or ground truth from encoded speech) spoken for `text`."""
+    talker = synth.tts.talker
+    opts = validate(opts, synth.cfg)
+    prompt = build_prompt(talker, synth.cfg, synth.text_ids(text), opts.speaker, opts.language, opts.text_layout)
+    steps = [talker.embed_frame(codes[k : k + 1]) + prompt.step_text(k) for k in range(len(codes) - 1)]
+    hidden = talker.model.forward_train(torch.cat([prompt.embeds, *steps], dim=1))[0]  # [L + F - 1, Ht]
+    L = prompt.embeds.shape[1]
+    return Frames(hidden[L - 1 : L - 1 + len(codes)], talker.embed_codec(codes[:, 0]), codes)
 
 
 def predictor_hidden(cp: CodePredictor, frames: Frames) -> torch.Tensor:
