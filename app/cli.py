@@ -77,6 +77,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="all text in the prompt (default, as the official package) or text rows riding on frames",
     )
     s.add_argument("--mode", choices=MODES, default="ar", help="decoding mode (default ar)")
+    s.add_argument(
+        "--window", type=int, metavar="W", help="windowed mode: frames the talker attends to besides the prompt "
+        "(default 48); an approximation on a full-attention model until an adapted checkpoint exists"
+    )
     s.add_argument("--codes", type=Path, help="also write the generated codes [frames x 16] as JSON to this file")
     s.add_argument("-q", "--quiet", action="store_true", help="print nothing but errors")
     s.set_defaults(func=cmd_speak)
@@ -85,12 +89,13 @@ def build_parser() -> argparse.ArgumentParser:
     _model_args(k)
     k.set_defaults(func=cmd_speakers)
 
-    from leapvox.app import demo_cmd, live_cmd, models_cmd, spec_cmd
+    from leapvox.app import demo_cmd, live_cmd, models_cmd, spec_cmd, window_cmd
 
     models_cmd.add_commands(sub)
     live_cmd.add_commands(sub)
     spec_cmd.add_commands(sub)
     demo_cmd.add_commands(sub)
+    window_cmd.add_commands(sub)
     return p
 
 
@@ -156,7 +161,8 @@ def speak_options(args, defaults):
         mode=args.mode,
     )
     return given(
-        opts, speaker=args.speaker or None, repetition_penalty=args.repetition_penalty, max_frames=args.max_frames
+        opts, speaker=args.speaker or None, repetition_penalty=args.repetition_penalty, max_frames=args.max_frames,
+        window=getattr(args, "window", None),
     )
 
 

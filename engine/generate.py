@@ -30,7 +30,9 @@ class DecodeStats:
     predictor_s: float = 0.0
     prefill_s: float = 0.0
     stop_reason: str = ""  # "eos", "max_frames" or "guard"
-    kv_bytes: int = 0
+    kv_bytes: int = 0  # talker KV bytes in use after the last step (prefix + min(k+1, W) rows for windowed)
+    attn_span: int = 0  # keys the talker attended to at the last step
+    step_ms: list[float] = field(default_factory=list)  # per decode step: talker call + code-0 pick, ms
     codec_s: float = 0.0  # codec decoder time, filled by whoever decodes the frames
     notes: list[str] = field(default_factory=list)
     spec: SpecStats | None = None  # spec mode: calls, tokens, per-depth attempts and accepts
@@ -56,6 +58,28 @@ def predict_codes(
     return torch.stack(codes, dim=1)
 
 
+class FullCache:
+    """ar's talker cache: every row stays. Prompt rows at slots 0..L-1, frame row k at slot and position L+k."""
+
+    def __init__(self, talker: Talker, prefix: int, max_frames: int):
+        self.talker, self.prefix = talker, prefix
+        talker.model.setup_cache(prefix + max_frames)
+
+    def prefill(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.talker(x, 0)
+
+    def step(self, x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Frame row k [1, 1, H] -> (hidden, code-0 logits) of the next frame."""
+        return self.talker(x, self.prefix + k)
+
+    def span(self, k: int) -> int:
+        """Keys attended by step k (= rows held after it)."""
+        return self.prefix + k + 1
+
+    def kv_bytes(self, k: int) -> int:
+        return self.talker.model.kv_bytes(self.span(k))
+
+
 @torch.inference_mode()
 def generate_frames(
     talker: Talker,
@@ -69,11 +93,24 @@ def generate_frames(
     """Yield frames [16] (code 0..15) until EOS or `max_frames`; sets `stats.stop_reason` at the end.
 
     With `spec` (a draft tree and offsets) codes 1..15 come from speculative verify calls (`spec` mode)."""
+    cache = FullCache(talker, prompt.embeds.shape[1], max_frames)
+    yield from frame_loop(cache, talker, prompt, opts, max_frames, generator, stats, spec)
+
+
+def frame_loop(
+    cache,
+    talker: Talker,
+    prompt: Prompt,
+    opts: SynthesisOptions,
+    max_frames: int,
+    generator: torch.Generator | None,
+    stats: DecodeStats,
+    spec: SpecDecoder | None = None,
+) -> Iterator[torch.Tensor]:
+    """The frame loop shared by the modes; `cache` (FullCache, or windowed.RingCache) runs the talker steps."""
     cfg, cp = talker.cfg, talker.code_predictor
     eos = cfg.codec_eos_token_id
     suppress = suppress_mask_for(cfg.vocab_size, cfg.suppressed_ids, eos, prompt.embeds.device)
-    L = prompt.embeds.shape[1]
-    talker.model.setup_cache(L + max_frames)
     if spec is not None:
         spec = SpecDecoder(spec.tree, spec.offsets)  # fresh counters for this utterance
         stats.spec = spec.stats
@@ -88,7 +125,7 @@ def generate_frames(
         return c0
 
     t0 = time.perf_counter()
-    h, logits = talker(prompt.embeds, 0)
+    h, logits = cache.prefill(prompt.embeds)
     c0 = next_code0(logits)
     stats.prefill_s += time.perf_counter() - t0
     stats.talker_calls += 1
@@ -113,9 +150,10 @@ def generate_frames(
         yield frame[0]
         t2 = time.perf_counter()
         if k + 1 < max_frames:
-            h, logits = talker(talker.embed_frame(frame) + prompt.step_text(k), L + k)
+            h, logits = cache.step(talker.embed_frame(frame) + prompt.step_text(k), k)
             c0 = next_code0(logits)
             stats.talker_calls += 1
-            stats.kv_bytes = talker.model.kv_bytes(L + k + 1)
+            stats.kv_bytes, stats.attn_span = cache.kv_bytes(k), cache.span(k)
+            stats.step_ms.append(1e3 * (time.perf_counter() - t2))
         stats.talker_s += time.perf_counter() - t2
     stats.stop_reason = "max_frames"

@@ -6,12 +6,12 @@ A new mode is one entry in MODES plus its frame loop in `synthesis.frame_loop`; 
 
 from __future__ import annotations
 
-MODES: tuple[str, ...] = ("ar", "spec")  # "windowed" joins when its loop lands
+MODES: tuple[str, ...] = ("ar", "spec", "windowed")
 
 MODE_HELP = {
     "ar": "plain autoregressive: one talker step and 15 code-predictor calls per frame",
     "spec": "speculative: the code predictor drafts several codes per call and verifies them",
-    "windowed": "windowed: the talker attends to a bounded ring of recent positions",
+    "windowed": "windowed: the talker attends to the prompt and a ring of the last W frames (bounded cache)",
 }
 
 

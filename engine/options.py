@@ -20,6 +20,14 @@ DEFAULT_MAX_FRAMES = 8191
 GUARD_BASE_FRAMES = 30
 GUARD_FRAMES_PER_TOKEN = 12
 
+# Windowed mode's default window. 48 frames = 3.84 s of speech, about an intonation phrase and its neighbour,
+# the context prosody plausibly needs; the ring then holds about as many rows as a typical prompt (30-100), so a
+# step attends to ~L + 48 keys. Cost does not argue for a smaller W: on a random-weight 0.6B talker (CPU, fp32)
+# a step is dominated by weight reads, and L + 48 keys costs the same as the prompt alone within noise, while
+# the cache stays at (L + 48) x 0.22 MiB instead of growing 0.22 MiB per frame (`leapvox bench-window`).
+# Quality vs W can only be measured with real or adapted weights; 48 is a starting point, not a tuned value.
+DEFAULT_WINDOW = 48
+
 
 def guard_frames(n_text_tokens: int) -> int:
     """Frame cap derived from the text length (see GUARD_* above)."""
@@ -39,6 +47,7 @@ class SynthesisOptions:
     runaway_guard: bool = True  # also cap frames by text length (guard_frames)
     seed: int | None = None  # torch CPU generator seed; None draws a fresh one
     mode: str = "ar"  # decoding mode, one of engine.modes.MODES
+    window: int = DEFAULT_WINDOW  # windowed mode: frame rows the talker attends to besides the prompt
 
     def greedy(self) -> SynthesisOptions:
         """Argmax for code 0 and for codes 1..15."""
@@ -72,6 +81,8 @@ def validate(opts: SynthesisOptions, cfg: TTSConfig) -> SynthesisOptions:
         raise InputError(f"repetition penalty must be > 0, got {opts.repetition_penalty}", hint="1.0 disables it")
     if opts.mode not in MODES:
         raise InputError(f"unknown decoding mode {opts.mode!r}", hint=f"this build offers: {', '.join(MODES)}")
+    if opts.window < 1:
+        raise InputError(f"window must be >= 1 frame, got {opts.window}", hint=f"the default is {DEFAULT_WINDOW}")
     if opts.max_frames < 1:
         raise InputError(f"max frames must be >= 1, got {opts.max_frames}")
     instruct = opts.instruct or None

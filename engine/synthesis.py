@@ -15,6 +15,7 @@ from .options import SynthesisOptions, guard_frames, validate
 from .prompt import build_prompt, wrap_instruct, wrap_text
 from .spec import SpecDecoder
 from .talker import TTSModel
+from .windowed import generate_frames_windowed
 
 
 @dataclass
@@ -37,7 +38,7 @@ class Synthesis:
 
 
 # The frame loop of each decoding mode in engine.modes.MODES; a new mode adds its line here.
-FRAME_LOOPS = {"ar": generate_frames, "spec": generate_frames}
+FRAME_LOOPS = {"ar": generate_frames, "spec": generate_frames, "windowed": generate_frames_windowed}
 
 
 def make_generator(seed: int | None) -> torch.Generator:
@@ -66,6 +67,7 @@ class Synthesizer:
         self.tts, self.codec, self.cfg, self.tokenize, self.sample_rate = tts, codec, cfg, tokenize, sample_rate
         self.spec = spec or SpecDecoder()  # spec mode's draft tree and offsets (None offsets: zero offsets)
         self._said_zero_offsets = False
+        self._said_window_approx = False
         self.frontend = frontend  # text -> model text (e.g. phonemes) before the prompt template, or None
 
     def text_ids(self, text: str) -> list[int]:
@@ -110,6 +112,10 @@ class Synthesizer:
                 self._said_zero_offsets = True
                 warnings.append("spec mode: no trained offsets for this model, drafting with the LM heads alone "
                                 "(zero offsets; run leapvox train-offsets)")
+        if opts.mode == "windowed" and not self._said_window_approx:
+            self._said_window_approx = True
+            warnings.append(f"windowed mode: this model was trained with full attention, so a {opts.window}-frame "
+                            "window is an approximation (exact only while it holds every frame)")
         yield from FRAME_LOOPS[opts.mode](talker, prompt, opts, min(cap, guard), gen, stats, **extra)
         if stats.stop_reason == "max_frames" and guard < cap:
             stats.stop_reason = "guard"

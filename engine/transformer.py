@@ -51,14 +51,16 @@ class Attention(nn.Module):
         cache: KVCache,
         start: int,
         mask: torch.Tensor | None,
+        span: int | None = None,
     ) -> torch.Tensor:
+        """Write k, v of x at slots start..start+T-1, attend over slots [0, span) (default start+T) under mask."""
         b, t, _ = x.shape
         q = self.q_norm(self.q_proj(x).view(b, t, self.n_heads, self.head_dim)).transpose(1, 2)  # [B, H, T, D]
         k = self.k_norm(self.k_proj(x).view(b, t, self.n_kv, self.head_dim)).transpose(1, 2)  # [B, KV, T, D]
         v = self.v_proj(x).view(b, t, self.n_kv, self.head_dim).transpose(1, 2)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         cache.write(start, k, v)
-        end = start + t
+        end = start + t if span is None else span
         rep = self.n_heads // self.n_kv
         keys = cache.k[:, :, :end].repeat_interleave(rep, dim=1)  # [B, H, S, D]
         values = cache.v[:, :, :end].repeat_interleave(rep, dim=1)
@@ -87,8 +89,8 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = SwiGLU(cfg.hidden_size, cfg.intermediate_size)
 
-    def forward(self, x, cos, sin, cache, start, mask):
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, cache, start, mask)
+    def forward(self, x, cos, sin, cache, start, mask, span=None):
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, cache, start, mask, span)
         return x + self.mlp(self.post_attention_layernorm(x))
 
     def forward_train(self, x, cos, sin, dropout: float = 0.0):
@@ -180,4 +182,23 @@ class DecoderStack(nn.Module):
             mask = causal_mask(start, t, x.device)
         for layer, cache in zip(self.layers, self.caches, strict=True):
             x = layer(x, cos, sin, cache, start, mask)
+        return self.norm(x)
+
+    def rope_at(self, position: int, t: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos/sin [T, D] for positions position..position+T-1, computed when they run past the table."""
+        if position + t <= self.rope_cos.shape[0]:
+            return self.rope_cos[position : position + t], self.rope_sin[position : position + t]
+        c = self.cfg
+        inv_freq = rope_inv_freq(c.head_dim, c.rope_theta).to(self.rope_cos.device)
+        positions = torch.arange(position, position + t, device=inv_freq.device)
+        return rope_cos_sin(inv_freq, positions, self.rope_cos.dtype)
+
+    def forward_ring(self, x: torch.Tensor, slot: int, position: int, mask: torch.Tensor, span: int) -> torch.Tensor:
+        """x [B, T, H] written to slots slot..slot+T-1 with RoPE at absolute positions position..; attends over
+        slots [0, span) under the boolean mask [T, span] -> final-normed hidden [B, T, H] (a windowed cache)."""
+        if self.caches is None or max(slot + x.shape[1], span) > self.cache_len:
+            raise RuntimeError(f"KV cache too small: need {max(slot + x.shape[1], span)} slots, have {self.cache_len}")
+        cos, sin = self.rope_at(position, x.shape[1])
+        for layer, cache in zip(self.layers, self.caches, strict=True):
+            x = layer(x, cos, sin, cache, slot, mask, span)
         return self.norm(x)
