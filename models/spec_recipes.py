@@ -177,18 +177,33 @@ def expected_accepted(tree: DraftTree, acceptance: list[list[float]]) -> float:
 @torch.inference_mode()
 def verify_cost(cp: CodePredictor, nodes: int, prefix: int = 8, repeats: int = 20) -> float:
     """Median seconds of one code-predictor call over `nodes` + 1 rows after `prefix` cached rows."""
+    return _call_times(cp, nodes, prefix, repeats)[0]
+
+
+@torch.inference_mode()
+def verify_over_ar(cp: CodePredictor, nodes: int, prefix: int = 8, repeats: int = 20) -> float:
+    """Median over repeats of (verify call with `nodes` drafts) / (ar call), timed back to back so that
+    load changes on a shared machine hit both alike."""
+    return _call_times(cp, nodes, prefix, repeats)[1]
+
+
+def _call_times(cp: CodePredictor, nodes: int, prefix: int, repeats: int) -> tuple[float, float]:
     hc = cp.cfg.hidden_size
     cp.model.setup_cache(prefix + nodes + 2)
-    x0 = torch.randn(1, prefix, hc)
-    x = torch.randn(1, nodes + 1, hc)
-    mask = torch.ones(nodes + 1, prefix + nodes + 1, dtype=torch.bool)
-    times = []
-    for _ in range(repeats + 2):
+    x0, x1, x = torch.randn(1, prefix, hc), torch.randn(1, 1, hc), torch.randn(1, nodes + 1, hc)
+    mask = torch.ones(nodes + 1, prefix + nodes + 1, dtype=torch.bool) if nodes else None
+    verify, ratios = [], []
+    for i in range(repeats + 2):
         cp.model(x0, 0)
-        t = time.perf_counter()
-        cp.model(x, prefix, mask if nodes else None)
-        times.append(time.perf_counter() - t)
-    return sorted(times[2:])[len(times[2:]) // 2]
+        t0 = time.perf_counter()
+        cp.model(x1, prefix)
+        t1 = time.perf_counter()
+        cp.model(x, prefix, mask)
+        t2 = time.perf_counter()
+        if i >= 2:
+            verify.append(t2 - t1)
+            ratios.append((t2 - t1) / (t1 - t0))
+    return sorted(verify)[len(verify) // 2], sorted(ratios)[len(ratios) // 2]
 
 
 @torch.inference_mode()
