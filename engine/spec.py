@@ -18,6 +18,7 @@ drafts and accepts a child iff it is the target's argmax, so greedy spec == gree
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 
 import torch
@@ -66,9 +67,7 @@ class DraftTree:
 
     def pruned(self, max_depth: int) -> DraftTree:
         """The nodes no deeper than `max_depth`."""
-        if self.max_depth <= max_depth:
-            return self
-        return DraftTree.from_paths(p for p in self.paths()[1:] if len(p) <= max_depth)
+        return self if self.max_depth <= max_depth else _pruned(self, max_depth)
 
     def widths(self) -> list[int]:
         """Candidates needed per depth 1..max_depth."""
@@ -85,11 +84,21 @@ class DraftTree:
 
     def ancestor_mask(self) -> torch.Tensor:
         """[n, n] bool: row i may attend to column j iff j is i or one of its ancestors."""
-        n = len(self.parent)
-        mask = torch.eye(n, dtype=torch.bool)
-        for i in range(1, n):
-            mask[i] |= mask[self.parent[i]]
-        return mask
+        return _ancestor_mask(self).clone()
+
+
+@functools.cache
+def _pruned(tree: DraftTree, max_depth: int) -> DraftTree:
+    return DraftTree.from_paths(p for p in tree.paths()[1:] if len(p) <= max_depth)
+
+
+@functools.cache
+def _ancestor_mask(tree: DraftTree) -> torch.Tensor:
+    n = len(tree.parent)
+    mask = torch.eye(n, dtype=torch.bool)
+    for i in range(1, n):
+        mask[i] |= mask[tree.parent[i]]
+    return mask
 
 
 def chain(depth: int) -> DraftTree:
