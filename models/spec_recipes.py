@@ -132,16 +132,16 @@ def train_offsets(
 
 @torch.no_grad()
 def rank_acceptance(cp: CodePredictor, frames: Frames, offsets: torch.Tensor | None, depth: int, ranks: int = 8):
-    """a[j][r]: how often the true code at depth j is the draft's rank-r candidate (rank by draft probability).
-    For greedy decoding this is the acceptance rate of that node given a correct path; for sampling a proxy."""
+    """a[j][r]: how often the verifier's own choice at depth j (its argmax at position p+j, teacher-forced) is the
+    draft's rank-r candidate (rank by draft probability): the acceptance of that node under greedy decoding given
+    a correct path, and a proxy for sampling."""
     H, W = predictor_hidden(cp, frames), _head_weights(cp)
     b = offsets if offsets is not None else torch.zeros(depth, cp.cfg.hidden_size)
-    table = []
+    n, table = W.shape[0], []
     for j in range(1, depth + 1):
-        logits = draft_logits(H, W, b, j)
-        top = torch.topk(logits, ranks, dim=-1).indices  # [N, P, R]
-        hits = top == frames.codes[:, 1 + j : W.shape[0] + 1, None]
-        table.append(hits.float().mean(dim=(0, 1)).tolist())
+        top = torch.topk(draft_logits(H, W, b, j), ranks, dim=-1).indices  # [N, P, R]
+        target = torch.einsum("bph,pvh->bpv", H[:, 1 + j : n + 1], W[j:]).argmax(-1)  # verifier at position p+j
+        table.append((top == target[..., None]).float().mean(dim=(0, 1)).tolist())
     return table
 
 
