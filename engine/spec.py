@@ -273,7 +273,7 @@ def _verify_and_walk(cp, tree, spec, k, tok, h, params, generator):
             next_tok = None
             break
         logits = cp.lm_head[code](hidden[u]).float()
-        child = _walk_step(logits, [c for c in kids[u]], tree, node_tok, qs, params, generator, spec.stats)
+        child = _walk_step(logits, kids[u], tree, node_tok, qs, params, generator, spec.stats)
         if isinstance(child, tuple):  # rejected all children (or none): sample here
             next_tok = child[0]
             break
