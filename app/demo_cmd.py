@@ -44,7 +44,7 @@ def add_commands(sub) -> None:
     p.add_argument("--steps", type=int, default=20000, help="total optimizer steps (default 20000)")
     p.add_argument("--batch", type=int, default=16)
     p.add_argument("--save-every", type=int, default=500, help="checkpoint + export every N steps")
-    p.add_argument("--size", choices=["small", "tiny"], default="small")
+    p.add_argument("--size", choices=["small", "base", "tiny"], default="small")
     p.add_argument("--threads", type=int, help="torch threads (default: torch's choice)")
     p.set_defaults(func=cmd_train)
 

@@ -28,6 +28,8 @@ import torch
 
 FORTUNES_DIR = Path("/usr/share/games/fortunes")
 FORTUNES_COPYRIGHT = Path("/usr/share/doc/fortunes/copyright")
+# fortune files left out of the corpus: jokes built on ethnic and gender stereotypes have no place in a product voice
+EXCLUDED_SOURCES = frozenset({"ethnic", "men-women"})
 VOICE = "en-us"
 CANONICAL = (175, 50)  # espeak-ng defaults: words per minute, pitch; every sentence gets this variant
 SPEEDS, PITCHES = (150, 175, 200), (40, 50, 60)
@@ -70,6 +72,8 @@ def read_corpus(folder: Path = FORTUNES_DIR, vocab: set[str] | None = None) -> t
     """All filtered, de-duplicated sentences as (sentence, fortune file), plus the number of raw candidates."""
     seen, kept, candidates = set(), [], 0
     for path in sorted(p for p in folder.iterdir() if p.is_file() and "." not in p.name):
+        if path.name in EXCLUDED_SOURCES:
+            continue
         text = path.read_bytes().decode("utf-8", errors="replace")
         for entry in re.split(r"^%\s*$", text, flags=re.M):
             flat = " ".join(entry.split())

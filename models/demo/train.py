@@ -10,6 +10,7 @@ folder layout (config.json, model.safetensors, tokenizer files, speech_tokenizer
 from __future__ import annotations
 
 import json
+import math
 import random
 import shutil
 import time
@@ -25,11 +26,12 @@ from leapvox.engine.talker import TTSModel
 from .tokenizer_files import write_tokenizer
 
 SPEAKER, LANGUAGE = "leap", "english"
+SIZES = {"small": 256, "base": 192, "tiny": 64}  # hidden width; 4 talker layers, 2 code-predictor layers
 
 
 def demo_config(text_vocab_size: int, special_ids: dict[str, int], assistant_id: int, size: str = "small") -> dict:
     """config.json for the demo model: code 0 in 0..1023, control ids in the suppressed range 1024..2047."""
-    h = {"small": 256, "tiny": 64}[size]
+    h = SIZES[size]
     layer = dict(
         hidden_size=h, intermediate_size=3 * h, num_attention_heads=4, num_key_value_heads=2, head_dim=h // 4,
         rms_norm_eps=1e-6, rope_theta=10000.0, max_position_embeddings=4096,
@@ -121,16 +123,31 @@ def loss_on(model: TTSModel, cfg: TTSConfig, batch: list[Example], dropout: floa
 
 
 def load_examples(data_dir: Path, split: str, tokenize, max_frames: int = 200) -> list[Example]:
+    from .data import EXCLUDED_SOURCES
+
     d = torch.load(data_dir / f"{split}.pt", weights_only=False)
     role = tokenize("<|im_start|>assistant\n")
     out = []
     for u in range(len(d["sentence"])):
         s = int(d["sentence"][u])
         codes = d["codes"][d["offsets"][u] : d["offsets"][u + 1]].long()
-        if not d["phonemes"][s] or len(codes) > max_frames:
+        if not d["phonemes"][s] or len(codes) > max_frames or d["source"][s] in EXCLUDED_SOURCES:
             continue
         out.append(Example(role, tokenize(d["phonemes"][s]), codes))
     return out
+
+
+def lr_factor(step: int, steps: int, warmup: int = 150, floor: float = 0.1) -> float:
+    """Linear warm-up, then cosine decay to `floor` of the peak at the last step."""
+    if step < warmup:
+        return (step + 1) / warmup
+    t = min(1.0, (step - warmup) / max(1, steps - warmup))
+    return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * t))
+
+
+def curriculum_cap(step: int) -> int:
+    """Longest utterance (frames) a batch may hold: short sentences first, where alignment is easiest to find."""
+    return 60 if step < 800 else 110 if step < 2000 else 10_000
 
 
 def export(model: TTSModel, cfg_dict: dict, tok_dir: Path, codec_dir: Path, out: Path, meta: dict) -> Path:
@@ -184,15 +201,17 @@ def train(data_dir: str, out_dir: str, steps: int = 20000, batch: int = 16, lr: 
     rng = random.Random(seed + step)
     examples.sort(key=lambda e: len(e.codes) + len(e.body))
     buckets = [examples[i : i + batch] for i in range(0, len(examples), batch)]
+    longest = [max(len(e.codes) for e in b) for b in buckets]
     n_params = sum(p.numel() for p in model.parameters())
     log(f"{len(examples)} training utterances, {len(held_out)} held-out, {n_params:,} params")
     t0 = time.time()
     while step < steps:
         model.train()
-        warm = min(1.0, (step + 1) / 150)
         for g in opt.param_groups:
-            g["lr"] = lr * warm
-        l0, lcp = loss_on(model, cfg, rng.choice(buckets), dropout, cp_fraction, rng)
+            g["lr"] = lr * lr_factor(step, steps)
+        cap = curriculum_cap(step)
+        allowed = [b for b, n in zip(buckets, longest) if n <= cap] or buckets
+        l0, lcp = loss_on(model, cfg, rng.choice(allowed), dropout, cp_fraction, rng)
         opt.zero_grad()
         (l0 + lcp).backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
