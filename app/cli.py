@@ -89,13 +89,15 @@ def build_parser() -> argparse.ArgumentParser:
     _model_args(k)
     k.set_defaults(func=cmd_speakers)
 
-    from leapvox.app import demo_cmd, live_cmd, models_cmd, spec_cmd, window_cmd
+    from leapvox.app import demo_cmd, doctor_cmd, live_cmd, models_cmd, spec_cmd, window_cmd
 
     models_cmd.add_commands(sub)
     live_cmd.add_commands(sub)
     spec_cmd.add_commands(sub)
     demo_cmd.add_commands(sub)
     window_cmd.add_commands(sub)
+    doctor_cmd.add_commands(sub)
+    p.add_argument("--version", action="version", version=f"leapvox {doctor_cmd.version()}")
     return p
 
 

@@ -1,0 +1,412 @@
+"""`leapvox doctor`: one screen saying what this machine offers leapvox, and whether `leapvox speak` can work.
+
+Every probe returns plain data (so `--json` and the screen show the same facts); the exit code is 0 when `speak`
+can work here, 1 otherwise, with the reason on stderr. Only argparse at import time: torch, sounddevice and the
+model manager load inside the command.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+# Weights of a checkpoint at most this big are loaded for real by the doctor (the demo model is a few MB).
+LOAD_CHECK_MAX_BYTES = 64_000_000
+# The quick probe: one batch-1 matrix-vector product of this shape, like a decoding step of a 0.6B layer.
+PROBE_SHAPE = (1024, 3072)
+
+
+def version() -> str:
+    """leapvox's version from the installed package metadata ("unknown" when run from a bare source tree)."""
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as dist_version
+
+    try:
+        return dist_version("leapvox")
+    except PackageNotFoundError:
+        return "unknown (not installed)"
+
+
+def add_commands(sub) -> None:
+    d = sub.add_parser(
+        "doctor",
+        help="what this machine offers leapvox (versions, backends, audio, models) and whether speak works",
+        description="One screen for you or a bug report: versions, threads, weight formats, backends, audio "
+        "devices, paths with sizes, models and whether they verify, and whether 'leapvox speak' can work. "
+        "Exit 0 when speak can work, 1 otherwise (the reason goes to stderr).",
+    )
+    d.add_argument("--model", help="check this model for speak (default: what speak would use, $LEAPVOX_MODEL)")
+    d.add_argument("--json", action="store_true", help="print the report as JSON on stdout")
+    d.set_defaults(func=cmd_doctor)
+
+
+# ---- probes ------------------------------------------------------------------------------------------------------
+
+def versions() -> dict:
+    import torch
+
+    return {
+        "leapvox": version(),
+        "python": platform.python_version(),
+        "python_executable": sys.executable,
+        "frozen": bool(getattr(sys, "frozen", False)),  # a standalone bundle (PyInstaller)
+        "torch": torch.__version__,
+        "platform": f"{platform.system()} {platform.machine()}",
+    }
+
+
+def threads() -> dict:
+    import torch
+
+    try:
+        usable = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # macOS has no sched_getaffinity
+        usable = os.cpu_count()
+    env = {k: os.environ[k] for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS") if k in os.environ}
+    return {
+        "torch_intra_op": torch.get_num_threads(),
+        "torch_inter_op": torch.get_num_interop_threads(),
+        "cpus": os.cpu_count(),
+        "usable_cpus": usable,
+        "env": env,
+    }
+
+
+def weight_formats() -> list[str]:
+    """The formats `speak --dtype` accepts: the checkpoint loader's own list when it offers one, else the option's
+    choices (so a format added later, such as int8, shows up here without a change)."""
+    from leapvox.models import checkpoint
+
+    listed = getattr(checkpoint, "weight_formats", None)
+    if callable(listed):
+        return list(listed())
+    from leapvox.app.cli import build_parser
+
+    speak = build_parser()._subparsers._group_actions[0].choices["speak"]  # noqa: SLF001 - argparse has no API
+    return list(next(a.choices for a in speak._actions if a.dest == "dtype"))
+
+
+def probe_formats(formats: list[str], budget_s: float = 0.06) -> dict:
+    """A quick probe, not a benchmark: the median time of a batch-1 matrix-vector product per format."""
+    import torch
+    import torch.nn.functional as F
+
+    from leapvox.models.checkpoint import DTYPES
+
+    n_in, n_out = PROBE_SHAPE
+    times: dict[str, float | None] = {}
+    g = torch.Generator().manual_seed(0)
+    for fmt in formats:
+        dtype = DTYPES.get(fmt)
+        if dtype is None:  # a format without a plain torch dtype (quantised): not probed here
+            times[fmt] = None
+            continue
+        x = torch.randn(1, n_in, generator=g).to(dtype)
+        w = torch.randn(n_out, n_in, generator=g).to(dtype)
+        with torch.inference_mode():
+            F.linear(x, w)  # warm-up
+            samples = []
+            for _ in range(5):
+                reps, t0 = 0, time.perf_counter()
+                while (elapsed := time.perf_counter() - t0) < budget_s / 5:
+                    F.linear(x, w)
+                    reps += 1
+                samples.append(elapsed / reps)
+        times[fmt] = sorted(samples)[len(samples) // 2]
+    timed = {k: v for k, v in times.items() if v is not None}
+    fastest = min(timed, key=timed.get) if timed else None
+    return {
+        "shape": f"1x{n_in} @ {n_in}x{n_out}",
+        "ms": {k: (round(v * 1e3, 4) if v is not None else None) for k, v in times.items()},
+        "fastest": fastest,
+        # formats within 10% of the fastest: too close for a quick probe to call
+        "close": [k for k, v in timed.items() if k != fastest and v <= 1.1 * timed[fastest]],
+    }
+
+
+def backends() -> dict:
+    """{backend: {"ready": bool, "detail": str}} for cpu, cuda and coreml."""
+    import torch
+
+    from leapvox.engine.modes import available_backends
+
+    offered = available_backends()
+    out = {"cpu": {"ready": "cpu" in offered, "detail": f"torch {torch.__version__}"}}
+    if torch.cuda.is_available():
+        names = ", ".join(torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count()))
+        out["cuda"] = {"ready": "cuda" in offered, "detail": f"CUDA {torch.version.cuda}: {names}"}
+    elif torch.version.cuda is None:
+        out["cuda"] = {"ready": False, "detail": "this torch is a CPU-only build"}
+    else:
+        why = f"torch has CUDA {torch.version.cuda} but finds no usable GPU or driver"
+        out["cuda"] = {"ready": False, "detail": why}
+    out["coreml"] = coreml_status(offered)
+    return out
+
+
+def coreml_status(offered: tuple[str, ...]) -> dict:
+    if sys.platform != "darwin":
+        return {"ready": False, "detail": "Core ML and the Neural Engine exist on macOS only"}
+    try:
+        import coremltools
+    except ImportError:
+        return {"ready": False, "detail": "coremltools is not installed (pip install 'leapvox[coreml]')"}
+    ane = "Apple silicon (Neural Engine)" if platform.machine() == "arm64" else "Intel Mac (no Neural Engine)"
+    if "coreml" not in offered:
+        return {"ready": False, "detail": f"coremltools {coremltools.__version__} on {ane}, but this leapvox has no "
+                "Core ML backend yet"}
+    return {"ready": True, "detail": f"coremltools {coremltools.__version__} on {ane}"}
+
+
+def audio() -> dict:
+    """Output devices as PortAudio lists them, or why there are none."""
+    from leapvox.app.playback import AudioUnavailable, load_sounddevice, output_devices
+
+    try:
+        sd = load_sounddevice()
+    except AudioUnavailable as e:
+        return {"portaudio": None, "devices": [], "why_none": str(e), "hint": e.hint}
+    portaudio = sd.get_portaudio_version()[1]
+    try:
+        devices = output_devices()
+    except Exception as e:  # PortAudio itself failed to enumerate
+        return {"portaudio": portaudio, "devices": [], "why_none": f"PortAudio could not list devices: {e}",
+                "hint": "-o out.wav works without audio"}
+    out = {"portaudio": portaudio, "devices": [{"index": d.index, "name": d.name, "default": d.is_default}
+                                               for d in devices]}
+    if not devices:
+        out["why_none"] = "PortAudio lists no output device (no sound card or sound server here)"
+        out["hint"] = "-o out.wav works without audio; on a desktop, check that PulseAudio/PipeWire is running"
+    return out
+
+
+def folder_size(path: Path) -> int | None:
+    """Bytes of regular files under path, symlinks not followed (the HF cache links snapshots to blobs); None if
+    the path does not exist."""
+    if not path.exists():
+        return None
+    if path.is_file():
+        return path.stat().st_size
+    total = 0
+    for root, _dirs, files in os.walk(path):
+        for f in files:
+            try:
+                st = os.lstat(os.path.join(root, f))
+            except OSError:
+                continue
+            if not os.path.islink(os.path.join(root, f)):
+                total += st.st_size
+    return total
+
+
+def paths() -> dict:
+    from leapvox.models import hub
+
+    dirs = {"hf-cache": hub.hf_cache_dir()}
+    dirs.update({k: v for k, v in hub.leapvox_dirs().items() if k in ("data", "config", "cache")})
+    return {k: {"path": str(v), "bytes": folder_size(v)} for k, v in dirs.items()}
+
+
+def models() -> list[dict]:
+    """Each catalog model: what `leapvox models list` says, and for a present one whether it verifies (files whose
+    size or time changed since they last hashed correctly are hashed again, as a load would)."""
+    from leapvox.app.models_cmd import _state
+    from leapvox.engine.errors import LeapvoxError
+    from leapvox.models import hub
+    from leapvox.models.catalog import CATALOG, spec_for_entry
+
+    out = []
+    for entry in CATALOG.values():
+        spec = spec_for_entry(entry)
+        row = {"name": entry.name, "present": False, "verified": None, "bytes": None}
+        try:
+            state, on_disk = _state(spec)
+            row.update(state=state, bytes=on_disk)
+            if spec.on_hub and state != "not downloaded":
+                row["present"] = True
+                _m, problems = hub.local_state(spec, mode="changed")
+                row["verified"] = not problems
+                if problems:
+                    name, problem = next(iter(problems.items()))
+                    row["problem"] = f"{name}: {problem}" + (f" (+{len(problems) - 1} more)" if len(problems) > 1
+                                                             else "")
+            elif not spec.on_hub and state == "bundled":
+                row["present"] = True
+                row["bytes"] = folder_size(entry.bundled)
+                from leapvox.models.checkpoint import load_config
+
+                load_config(entry.bundled)
+                row["verified"] = True
+        except LeapvoxError as e:
+            row.update(verified=False, problem=str(e))
+        out.append(row)
+    return out
+
+
+def espeak() -> dict:
+    exe = shutil.which("espeak-ng")
+    if exe is None:
+        return {"path": None, "version": None}
+    try:
+        first = subprocess.run([exe, "--version"], capture_output=True, text=True, timeout=10).stdout.strip()
+        ver = first.split(":", 1)[1].split()[0] if ":" in first else first.splitlines()[0] if first else "?"
+    except (OSError, subprocess.SubprocessError, IndexError):
+        ver = "?"
+    return {"path": exe, "version": ver}
+
+
+def speak_default_model() -> str | None:
+    """What `leapvox speak` uses without --model (read from its own parser, so a new default shows up here)."""
+    from leapvox.app.cli import build_parser
+
+    return build_parser().parse_args(["speak"]).model
+
+
+def speak_check(model: str | None, model_rows: list[dict], espeak_info: dict) -> dict:
+    """Can `leapvox speak` work: a model that resolves locally (no download), whose config reads, whose text front
+    end is installed, and (when small) that loads."""
+    from leapvox.engine.errors import LeapvoxError
+    from leapvox.models import hub
+    from leapvox.models.checkpoint import load_config, read_json
+
+    source = "--model"
+    if model is None:
+        model, source = speak_default_model(), "speak's default ($LEAPVOX_MODEL)"
+    if model is None:
+        present = [r["name"] for r in model_rows if r["present"] and r["verified"]]
+        if not present:
+            return {"ready": False, "model": None, "reason": "no model here: $LEAPVOX_MODEL is not set and no "
+                    "catalog model is bundled or downloaded",
+                    "hint": "leapvox models pull qwen3-tts-0.6b, or set LEAPVOX_MODEL to a checkpoint folder"}
+        model, source = present[0], f"present here (pass --model {present[0]} or set LEAPVOX_MODEL={present[0]})"
+    out = {"ready": False, "model": model, "source": source}
+    try:
+        folder = hub.resolve_model_path(model, pull=False)
+        out["folder"] = str(folder)
+        load_config(folder)
+        raw = read_json(folder / "config.json")
+    except LeapvoxError as e:
+        return {**out, "reason": str(e), "hint": e.hint}
+    frontend = raw.get("leapvox_text_frontend")
+    if frontend == "espeak-ng-ipa":
+        out["needs"] = "espeak-ng"
+        if espeak_info["path"] is None:
+            return {**out, "reason": f"{model} reads phonemes from the espeak-ng program, which is not on PATH",
+                    "hint": "apt install espeak-ng (Debian/Ubuntu) or brew install espeak-ng (macOS)"}
+    weights = sum(p.stat().st_size for p in Path(folder).rglob("*.safetensors"))
+    if weights <= LOAD_CHECK_MAX_BYTES:
+        from leapvox.models.checkpoint import load_model
+
+        t0 = time.perf_counter()
+        try:
+            loaded = load_model(folder)
+            if frontend:
+                loaded.tokenizer.frontend("hello")  # runs the front end (espeak-ng) once
+        except LeapvoxError as e:
+            return {**out, "reason": str(e), "hint": e.hint}
+        out["loaded_s"] = round(time.perf_counter() - t0, 2)
+    return {**out, "ready": True}
+
+
+def collect(model: str | None = None) -> dict:
+    v = versions()
+    formats = weight_formats()
+    model_rows = models()
+    esp = espeak()
+    return {
+        "versions": v,
+        "threads": threads(),
+        "formats": {"available": formats, "probe": probe_formats(formats)},
+        "backends": backends(),
+        "audio": audio(),
+        "paths": paths(),
+        "models": model_rows,
+        "espeak_ng": esp,
+        "speak": speak_check(model, model_rows, esp),
+    }
+
+
+# ---- the screen --------------------------------------------------------------------------------------------------
+
+def _size(n: int | None) -> str:
+    from leapvox.models.catalog import human_size
+
+    return "not created yet" if n is None else human_size(n) if n else "empty"
+
+
+def render(r: dict) -> str:
+    lines = []
+
+    def row(label: str, text: str) -> None:
+        lines.append(f"{label:<10} {text}")
+
+    def more(text: str) -> None:
+        lines.append(f"{'':<10} {text}")
+
+    def block(label: str, texts: list[str]) -> None:
+        for i, text in enumerate(texts):
+            (row(label, text) if i == 0 else more(text))
+
+    v = r["versions"]
+    row("leapvox", f"{v['leapvox']}{' (standalone bundle)' if v['frozen'] else ''}   torch {v['torch']}   "
+        f"python {v['python']}   {v['platform']}")
+    t = r["threads"]
+    env = "".join(f", {k}={val}" for k, val in t["env"].items())
+    row("threads", f"torch uses {t['torch_intra_op']} (intra-op) / {t['torch_inter_op']} (inter-op); "
+        f"{t['usable_cpus']} of {t['cpus']} CPUs usable{env}")
+    f = r["formats"]
+    p = f["probe"]
+    timings = ", ".join(f"{k} {ms:.3f} ms" if ms is not None else f"{k} not probed" for k, ms in p["ms"].items())
+    close = f" ({', '.join(p['close'])} within 10%)" if p["close"] else ""
+    row("formats", f"{', '.join(f['available'])}; fastest here: {p['fastest'] or '?'}{close}")
+    more(f"(a quick probe, not a benchmark: {p['shape']} per call: {timings})")
+    block("backends", [f"{name:<7} {'ready' if b['ready'] else 'no'}: {b['detail']}"
+                       for name, b in r["backends"].items()])
+    a = r["audio"]
+    if a["devices"]:
+        block("audio", [f"{d['index']:>3}  {d['name']}{'  (default)' if d['default'] else ''}" for d in a["devices"]])
+    else:
+        block("audio", [f"no output device: {a['why_none']}", f"hint: {a['hint']}"])
+    block("paths", [f"{k:<9} {p['path']}  ({_size(p['bytes'])})" for k, p in r["paths"].items()])
+    width = max(len(m["name"]) for m in r["models"])
+    texts = []
+    for m in r["models"]:
+        state = m.get("state", "?")
+        if m["present"]:
+            state += ", verified" if m["verified"] else f", FAILS verification: {m.get('problem', '?')}"
+            state += f", {_size(m['bytes'])}" if m["bytes"] else ""
+        elif m.get("problem"):
+            state += f": {m['problem']}"
+        texts.append(f"{m['name']:<{width}}  {state}")
+    block("models", texts)
+    e = r["espeak_ng"]
+    row("espeak-ng", f"{e['path']} ({e['version']})" if e["path"] else "not installed (only the demo model needs it)")
+    s = r["speak"]
+    if s["ready"]:
+        loaded = f", loads in {s['loaded_s']:.1f} s" if "loaded_s" in s else ""
+        row("speak", f"ready: model {s['model']} from {s['source']}{loaded}")
+    else:
+        row("speak", f"NOT READY: {s['reason']}")
+        if s.get("hint"):
+            more(f"hint: {s['hint']}")
+    return "\n".join(lines)
+
+
+def cmd_doctor(args) -> int:
+    report = collect(args.model)
+    if args.json:
+        print(json.dumps(report, indent=1))
+    else:
+        print(render(report))
+    s = report["speak"]
+    if not s["ready"]:
+        hint = f" (hint: {s['hint']})" if s.get("hint") else ""
+        print(f"leapvox: speak will not work here: {s['reason']}{hint}", file=sys.stderr, flush=True)
+        return 1
+    return 0
