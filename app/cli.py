@@ -11,8 +11,10 @@ import sys
 from pathlib import Path
 
 from leapvox.engine.modes import MODES
+from leapvox.models.catalog import default_model
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+DEFAULT_WEIGHTS = "fp32"  # --weights default (README 'Weights': measured speed and fidelity per format)
 
 
 class UsageError(Exception):
@@ -104,11 +106,16 @@ def build_parser() -> argparse.ArgumentParser:
 def _model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--model",
-        default=os.environ.get("LEAPVOX_MODEL"),
+        default=default_model(),
         help="catalog name (leapvox models list), Hub repo org/name[@revision] or checkpoint folder "
-        "(default: $LEAPVOX_MODEL)",
+        "(default: $LEAPVOX_MODEL, else the bundled demo model)",
     )
-    p.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32", help="weights and compute (default fp32)")
+    p.add_argument(
+        "--weights", dest="dtype", choices=["fp32", "bf16", "int8"], default=DEFAULT_WEIGHTS,
+        help=f"weight format: fp32, bf16, or int8 (8-bit talker and predictor weights, bf16 activations; "
+        f"see README 'Weights') (default {DEFAULT_WEIGHTS})",
+    )
+    p.add_argument("--dtype", dest="dtype", choices=["fp32", "bf16"], help=argparse.SUPPRESS)  # old name of --weights
 
 
 def _require_model(args) -> str:

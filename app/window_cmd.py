@@ -34,6 +34,27 @@ def add_commands(sub) -> None:
     b.add_argument("--json", type=Path, default=Path("bench-window.json"), help="where to write the raw numbers")
     b.set_defaults(func=cmd_bench_window)
 
+    t = sub.add_parser(
+        "train-window",
+        help="adapt a model to windowed mode: distil the full-attention model into a windowed student",
+        description="Fine-tune a copy of the model under windowed mode's attention mask (global prompt, last W "
+        "frames), annealing the window from --start-window down to --window on a cosine schedule with a "
+        "soft-to-hard mask, with skewed-KL distillation from the full-attention model plus cross-entropy on the "
+        "ground truth. Writes an adapted checkpoint folder; windowed mode then defaults to its window.",
+    )
+    t.add_argument("--model", required=True, help="checkpoint folder or catalog name of the full-attention model")
+    t.add_argument("--data", required=True, type=Path, help="training data (a leapvox demo build-data folder)")
+    t.add_argument("--out", required=True, type=Path, help="where to write the adapted checkpoint folder")
+    t.add_argument("--window", type=int, default=48, help="target window W in frames (default 48)")
+    t.add_argument("--start-window", type=int, default=128, help="window at the start of the anneal (default 128)")
+    t.add_argument("--steps", type=int, default=400, help="optimizer steps (default 400)")
+    t.add_argument("--batch", type=int, default=8, help="utterances per step (default 8)")
+    t.add_argument("--lr", type=float, default=2e-4, help="peak learning rate (default 2e-4)")
+    t.add_argument("--alpha", type=float, default=0.1, help="skew of the KL: KL(p || a p + (1-a) q) (default 0.1)")
+    t.add_argument("--ce-weight", type=float, default=0.5, help="weight of the ground-truth cross-entropy (0.5)")
+    t.add_argument("--threads", type=int, help="torch threads (default: torch's choice)")
+    t.set_defaults(func=cmd_train_window)
+
 
 def random_talker(spec: dict | None = None):
     """A random-weight Talker of the given architecture (default: the 0.6B talker), eval mode, fp32."""
@@ -129,4 +150,33 @@ def cmd_bench_window(args) -> int:
     write_text_atomic(args.json, json.dumps(out, indent=1))
     png = args.json.with_suffix(".png")
     print(f"wrote {args.json}" + (f" and {png}" if plot(out, png) else ""), file=sys.stderr, flush=True)
+    return 0
+
+
+def cmd_train_window(args) -> int:
+    import torch
+
+    from leapvox.models.hub import resolve_model_path
+    from leapvox.models.window_recipe import WindowSchedule, train_window
+
+    from .cli import UsageError
+
+    if args.window < 1 or args.steps < 1 or args.batch < 1 or args.start_window < args.window:
+        raise UsageError("need --window >= 1, --steps >= 1, --batch >= 1 and --start-window >= --window")
+    if not 0 <= args.alpha < 1:
+        raise UsageError("--alpha must be in [0, 1)")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    report = train_window(
+        str(resolve_model_path(args.model)), str(args.data), str(args.out), args.window, steps=args.steps,
+        batch=args.batch, lr=args.lr, alpha=args.alpha, ce_weight=args.ce_weight,
+        schedule=WindowSchedule(args.window, args.start_window),
+        log=lambda m: print(f"leapvox: {m}", file=sys.stderr, flush=True),
+    )
+    ce = report["heldout_ce"]
+    print(f"adapted checkpoint: {args.out}")
+    print(f"held-out CE code 0 / codes 1-15, window {args.window}: unadapted {ce['teacher_window']['code0']:.3f} / "
+          f"{ce['teacher_window']['codes1_15']:.3f}, adapted {ce['student_window']['code0']:.3f} / "
+          f"{ce['student_window']['codes1_15']:.3f}; full-attention teacher {ce['teacher_full']['code0']:.3f} / "
+          f"{ce['teacher_full']['codes1_15']:.3f}")
     return 0

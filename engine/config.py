@@ -94,6 +94,7 @@ class TTSConfig:
     tts_model_size: str = "0b6"
     tts_model_type: str = "custom_voice"
     tokenizer_type: str = "qwen3_tts_tokenizer_12hz"
+    leapvox_window: int | None = None  # set by `leapvox train-window`: the talker was adapted to this window
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> TTSConfig:

@@ -112,10 +112,16 @@ class Synthesizer:
                 self._said_zero_offsets = True
                 warnings.append("spec mode: no trained offsets for this model, drafting with the LM heads alone "
                                 "(zero offsets; run leapvox train-offsets)")
-        if opts.mode == "windowed" and not self._said_window_approx:
+        if opts.mode == "windowed" and not self._said_window_approx and opts.window != self.cfg.leapvox_window:
             self._said_window_approx = True
-            warnings.append(f"windowed mode: this model was trained with full attention, so a {opts.window}-frame "
-                            "window is an approximation (exact only while it holds every frame)")
+            adapted = self.cfg.leapvox_window
+            warnings.append(
+                f"windowed mode: this model was trained with full attention, so a {opts.window}-frame window is an "
+                "approximation (exact only while it holds every frame; leapvox train-window adapts a model)"
+                if adapted is None else
+                f"windowed mode: this model was adapted to a {adapted}-frame window; {opts.window} frames is an "
+                f"approximation (drop --window to use {adapted})"
+            )
         yield from FRAME_LOOPS[opts.mode](talker, prompt, opts, min(cap, guard), gen, stats, **extra)
         if stats.stop_reason == "max_frames" and guard < cap:
             stats.stop_reason = "guard"

@@ -68,8 +68,9 @@ class Attention(nn.Module):
         return self.o_proj(out.transpose(1, 2).reshape(b, t, self.n_heads * self.head_dim))
 
 
-    def forward_train(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        """Causal attention over x [B, T, H] without a cache (training and teacher forcing)."""
+    def forward_train(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask=None) -> torch.Tensor:
+        """Causal attention over x [B, T, H] without a cache (training and teacher forcing); `mask` (boolean, or
+        additive float broadcastable to [B, H, T, T]) replaces the causal mask when given."""
         b, t, _ = x.shape
         q = self.q_norm(self.q_proj(x).view(b, t, self.n_heads, self.head_dim)).transpose(1, 2)
         k = self.k_norm(self.k_proj(x).view(b, t, self.n_kv, self.head_dim)).transpose(1, 2)
@@ -77,7 +78,10 @@ class Attention(nn.Module):
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         rep = self.n_heads // self.n_kv
         k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
-        out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        if mask is None:
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        else:
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
         return self.o_proj(out.transpose(1, 2).reshape(b, t, self.n_heads * self.head_dim))
 
 
@@ -93,9 +97,9 @@ class DecoderLayer(nn.Module):
         x = x + self.self_attn(self.input_layernorm(x), cos, sin, cache, start, mask, span)
         return x + self.mlp(self.post_attention_layernorm(x))
 
-    def forward_train(self, x, cos, sin, dropout: float = 0.0):
+    def forward_train(self, x, cos, sin, dropout: float = 0.0, mask=None):
         """Cache-free causal pass over whole sequences (training), with residual-branch dropout."""
-        a = self.self_attn.forward_train(self.input_layernorm(x), cos, sin)
+        a = self.self_attn.forward_train(self.input_layernorm(x), cos, sin, mask)
         x = x + F.dropout(a, dropout, self.training)
         return x + F.dropout(self.mlp(self.post_attention_layernorm(x)), dropout, self.training)
 
@@ -134,13 +138,14 @@ class DecoderStack(nn.Module):
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
 
-    def forward_train(self, x: torch.Tensor, dropout: float = 0.0) -> torch.Tensor:
-        """Whole sequences x [B, T, H] at positions 0..T-1, causal, no cache -> final-normed hidden [B, T, H]."""
+    def forward_train(self, x: torch.Tensor, dropout: float = 0.0, mask: torch.Tensor | None = None) -> torch.Tensor:
+        """Whole sequences x [B, T, H] at positions 0..T-1, no cache -> final-normed hidden [B, T, H]. Causal, or
+        under `mask` (boolean True = may attend, or additive float; [B or 1, 1, T, T]) when given."""
         c = self.cfg
         inv_freq = rope_inv_freq(c.head_dim, c.rope_theta).to(x.device)
         cos, sin = rope_cos_sin(inv_freq, torch.arange(x.shape[1], device=x.device), x.dtype)
         for layer in self.layers:
-            x = layer.forward_train(x, cos, sin, dropout)
+            x = layer.forward_train(x, cos, sin, dropout, mask)
         return self.norm(x)
 
     def move_rows(self, src: torch.Tensor, dst: int) -> None:

@@ -12,6 +12,7 @@ from pathlib import Path
 from leapvox.engine.errors import ModelNotFoundError
 
 ASSETS = Path(__file__).resolve().parent / "assets"
+DEMO_DIR = ASSETS / "demo"  # the bundled demo model (package data)
 
 # Every file the engine reads from a CustomVoice checkpoint (allow_patterns for snapshot_download).
 CUSTOM_VOICE_FILES = (
@@ -69,7 +70,7 @@ CATALOG: dict[str, CatalogEntry] = {
     "demo": CatalogEntry(
         name="demo",
         description="small bundled demo model that speaks offline out of the box",
-        bundled=ASSETS / "demo",
+        bundled=DEMO_DIR,
         speakers=(),
         languages=(),
     ),
@@ -107,6 +108,13 @@ class ModelSpec:
 
 def bundled_ready(entry: CatalogEntry) -> bool:
     return entry.bundled is not None and (entry.bundled / "config.json").is_file()
+
+
+def default_model() -> str | None:
+    """The model used when none is given: $LEAPVOX_MODEL, else the bundled demo model when it is installed."""
+    import os
+
+    return os.environ.get("LEAPVOX_MODEL") or ("demo" if bundled_ready(CATALOG["demo"]) else None)
 
 
 def spec_for_entry(entry: CatalogEntry) -> ModelSpec:

@@ -19,6 +19,7 @@ from leapvox.engine.codec import CodecConfig, CodecDecoder
 from leapvox.engine.config import TTSConfig
 from leapvox.engine.errors import CheckpointError, ModelNotFoundError
 from leapvox.engine.options import SynthesisOptions
+from leapvox.engine.quant import WEIGHT_FORMATS, quantize_model
 from leapvox.engine.sampling import SamplingParams
 from leapvox.engine.spec import SpecDecoder
 from leapvox.engine.synthesis import Synthesizer
@@ -39,6 +40,7 @@ class LoadedModel:
     tokenizer: TextTokenizer
     defaults: SynthesisOptions
     sample_rate: int
+    weights: str = "fp32"  # weight format: fp32, bf16 or int8 (engine.quant)
 
     def synthesizer(self) -> Synthesizer:
         return Synthesizer(
@@ -207,10 +209,24 @@ def text_frontend(raw_config: dict):
     return None
 
 
+def weight_formats() -> list[str]:
+    """The weight formats `load_model` (and `--weights`) accept."""
+    return list(WEIGHT_FORMATS)
+
+
 def load_model(path: str | Path, dtype: str | torch.dtype = torch.float32, device: str = "cpu") -> LoadedModel:
-    """Load config, weights, text tokenizer and codec decoder from a checkpoint folder."""
+    """Load config, weights, text tokenizer and codec decoder from a checkpoint folder.
+
+    `dtype` is a torch dtype or a weight format name: fp32, bf16, or int8 (fp32 model whose talker and
+    predictor linears are then quantized to 8-bit weights, engine.quant)."""
     folder = check_folder(Path(path))
-    dtype = DTYPES[dtype] if isinstance(dtype, str) else dtype
+    if isinstance(dtype, str):
+        if dtype not in DTYPES and dtype != "int8":
+            raise ValueError(f"unknown weight format {dtype!r}; choose from {', '.join(WEIGHT_FORMATS)}")
+        weights = {"float32": "fp32", "bfloat16": "bf16"}.get(dtype, dtype)
+        dtype = torch.float32 if weights == "int8" else DTYPES[weights]
+    else:
+        weights = "bf16" if dtype == torch.bfloat16 else "fp32"
     cfg = load_config(folder)
     speech = folder / "speech_tokenizer"
     with torch.device("meta"):
@@ -218,10 +234,14 @@ def load_model(path: str | Path, dtype: str | torch.dtype = torch.float32, devic
     load_weights(tts, read_tensors(_weight_files(folder, "model")), "", dtype)
     codec, sample_rate = load_codec(speech, dtype)
     tts.to(device).eval()
+    if weights == "int8":
+        quantize_model(tts, "int8")
     codec.to(device).eval()
     tokenizer = TextTokenizer(folder, frontend=text_frontend(read_json(folder / "config.json")))
     defaults = generation_defaults(folder)
+    if cfg.leapvox_window:  # adapted by `leapvox train-window`: windowed mode runs at the window it learned
+        defaults = replace(defaults, window=cfg.leapvox_window)
     speaker = next(iter(cfg.talker.spk_id), None)
     return LoadedModel(
-        folder, cfg, tts, codec, tokenizer, replace(defaults, speaker=speaker), sample_rate
+        folder, cfg, tts, codec, tokenizer, replace(defaults, speaker=speaker), sample_rate, weights
     )

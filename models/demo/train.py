@@ -60,11 +60,13 @@ class Example:
     codes: torch.Tensor  # [F, 16] int64
 
 
-def make_batch(model: TTSModel, cfg: TTSConfig, batch: list[Example], device="cpu"):
-    """Input embeddings [B, S, H], code-0 targets [B, S] (-100 = no loss) and frame bookkeeping."""
+def make_batch(model: TTSModel, cfg: TTSConfig, batch: list[Example], device="cpu", speaker: str = SPEAKER,
+               language: str = LANGUAGE):
+    """Input embeddings [B, S, H], code-0 targets [B, S] (-100 = no loss) and frame bookkeeping: `starts[b]` is
+    the prompt length L of example b (its frame k sits at row L + k, as in engine.prompt's non-streaming layout)."""
     talker, tc = model.talker, cfg.talker
-    control = [tc.codec_think_id, tc.codec_think_bos_id, tc.codec_language_id[LANGUAGE], tc.codec_think_eos_id,
-               tc.spk_id[SPEAKER], tc.codec_pad_id]
+    control = [tc.codec_think_id, tc.codec_think_bos_id, tc.codec_language_id[language], tc.codec_think_eos_id,
+               tc.spk_id[speaker], tc.codec_pad_id]
     pad_t, bos_t, eos_t = cfg.tts_pad_token_id, cfg.tts_bos_token_id, cfg.tts_eos_token_id
     lens = [len(e.role) + len(control) + len(e.body) + 2 + len(e.codes) for e in batch]
     S, B = max(lens), len(batch)
@@ -100,26 +102,38 @@ def make_batch(model: TTSModel, cfg: TTSConfig, batch: list[Example], device="cp
     return x.to(device), target.to(device), starts, frames
 
 
-def loss_on(model: TTSModel, cfg: TTSConfig, batch: list[Example], dropout: float, cp_fraction: float, rng):
+def pick_frames(batch: list[Example], fraction: float, rng) -> list[tuple[int, int]]:
+    """(example, frame) pairs for the code-predictor loss: a random `fraction` of all frames."""
+    return [(b, k) for b, e in enumerate(batch) for k in range(len(e.codes)) if rng.random() < fraction]
+
+
+def predictor_logits(model: TTSModel, h: torch.Tensor, starts: list[int], frames: torch.Tensor, picks,
+                     dropout: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Teacher-forced code-predictor logits [M, 15, V] of the picked frames, and their codes [M, 16].
+
+    The predictor's rows are [h_{L-1+k}, C(c0_k), E(c1..c14)]: the talker hidden that produced code 0 of frame k."""
     talker = model.talker
     cp = talker.code_predictor
+    bi = torch.tensor([b for b, _ in picks])
+    ki = torch.tensor([starts[b] + k for b, k in picks])
+    codes = frames[bi, ki]  # [M, 16]
+    rows = [cp.prefill_rows(h[bi, ki - 1][:, None], talker.embed_codec(codes[:, :1]))]
+    rows += [cp.embed(g, codes[:, g : g + 1]) for g in range(1, 15)]
+    hc = cp.model.forward_train(torch.cat(rows, 1), dropout)  # [M, 16, Hc]
+    return torch.stack([cp.lm_head[g](hc[:, g + 1]) for g in range(15)], 1), codes
+
+
+def loss_on(model: TTSModel, cfg: TTSConfig, batch: list[Example], dropout: float, cp_fraction: float, rng):
+    talker = model.talker
     x, target, starts, frames = make_batch(model, cfg, batch)
     h = talker.model.forward_train(x, dropout)  # [B, S, H]
     logits = talker.codec_head(h)
     l0 = F.cross_entropy(logits.flatten(0, 1), target.flatten(), ignore_index=-100)
-    # code predictor on a random fraction of frames: rows [h_{L-1+k}, C(c0_k), E(c1..c14)]
-    picks = [(b, k) for b, e in enumerate(batch) for k in range(len(e.codes)) if rng.random() < cp_fraction]
+    picks = pick_frames(batch, cp_fraction, rng)
     if not picks:
         return l0, torch.zeros(())
-    bi = torch.tensor([b for b, _ in picks])
-    ki = torch.tensor([starts[b] + k for b, k in picks])
-    hid = h[bi, ki - 1][:, None]  # the hidden that produced code 0 of that frame
-    codes = frames[bi, ki]  # [M, 16]
-    rows = [cp.prefill_rows(hid, talker.embed_codec(codes[:, :1]))]
-    rows += [cp.embed(g, codes[:, g : g + 1]) for g in range(1, 15)]
-    hc = cp.model.forward_train(torch.cat(rows, 1), dropout)  # [M, 16, Hc]
-    lcp = sum(F.cross_entropy(cp.lm_head[g](hc[:, g + 1]), codes[:, g + 1]) for g in range(15)) / 15
-    return l0, lcp
+    cp_logits, codes = predictor_logits(model, h, starts, frames, picks, dropout)
+    return l0, F.cross_entropy(cp_logits.flatten(0, 1), codes[:, 1:].flatten())
 
 
 def load_examples(data_dir: Path, split: str, tokenize, max_frames: int = 200) -> list[Example]:
@@ -210,7 +224,7 @@ def train(data_dir: str, out_dir: str, steps: int = 20000, batch: int = 16, lr: 
         for g in opt.param_groups:
             g["lr"] = lr * lr_factor(step, steps)
         cap = curriculum_cap(step)
-        allowed = [b for b, n in zip(buckets, longest) if n <= cap] or buckets
+        allowed = [b for b, n in zip(buckets, longest, strict=True) if n <= cap] or buckets
         l0, lcp = loss_on(model, cfg, rng.choice(allowed), dropout, cp_fraction, rng)
         opt.zero_grad()
         (l0 + lcp).backward()
