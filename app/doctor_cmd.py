@@ -277,12 +277,14 @@ def speak_check(model: str | None, model_rows: list[dict], espeak_info: dict) ->
 
     source = "--model"
     if model is None:
-        model, source = speak_default_model(), "speak's default ($LEAPVOX_MODEL)"
+        model = speak_default_model()
+        source = "$LEAPVOX_MODEL" if os.environ.get("LEAPVOX_MODEL") else \
+            "speak's default (the bundled demo model)" if model == "demo" else "speak's default"
     if model is None:
         present = [r["name"] for r in model_rows if r["present"] and r["verified"]]
         if not present:
-            return {"ready": False, "model": None, "reason": "no model here: $LEAPVOX_MODEL is not set and no "
-                    "catalog model is bundled or downloaded",
+            return {"ready": False, "model": None, "reason": "no model here: $LEAPVOX_MODEL is not set, the demo "
+                    "model is not bundled, and no catalog model is downloaded",
                     "hint": "leapvox models pull qwen3-tts-0.6b, or set LEAPVOX_MODEL to a checkpoint folder"}
         model, source = present[0], f"present here (pass --model {present[0]} or set LEAPVOX_MODEL={present[0]})"
     out = {"ready": False, "model": model, "source": source}

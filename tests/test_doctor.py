@@ -14,7 +14,7 @@ import pytest
 from leapvox.app import doctor_cmd, playback
 from leapvox.app.cli import main
 from leapvox.models import hub
-from leapvox.models.catalog import CATALOG, spec_for_entry
+from leapvox.models.catalog import CATALOG, bundled_ready, spec_for_entry
 
 from .conftest import FIXTURES
 
@@ -27,6 +27,13 @@ def isolated(tmp_path, monkeypatch):
     monkeypatch.delenv("LEAPVOX_MODEL", raising=False)
     monkeypatch.setenv("LEAPVOX_HOME", str(tmp_path / "lv"))
     monkeypatch.setattr(hub, "hf_cache_dir", lambda: tmp_path / "hf" / "hub")
+    # loading a model for real is checked once (test_ready_...); elsewhere the doctor stops after the config
+    monkeypatch.setattr(doctor_cmd, "LOAD_CHECK_MAX_BYTES", 0)
+
+
+def _no_demo(monkeypatch, tmp_path):
+    """As if the package had no bundled demo model (a source tree without models/assets/demo/)."""
+    monkeypatch.setitem(CATALOG, "demo", replace(CATALOG["demo"], bundled=tmp_path / "no-assets" / "demo"))
 
 
 def _no_portaudio():
@@ -57,23 +64,25 @@ def test_version_comes_from_the_package_metadata(capsys):
     assert doctor_cmd.version() == version("leapvox")
 
 
-def test_no_model_and_no_portaudio_is_not_ready(capsys, monkeypatch):
+def test_no_model_and_no_portaudio_is_not_ready(capsys, monkeypatch, tmp_path):
+    _no_demo(monkeypatch, tmp_path)
     monkeypatch.setattr(playback, "load_sounddevice", _no_portaudio)
     code, out, err = doctor(capsys)
     assert code == 1
     assert "no output device: no audio output: the PortAudio library is not installed" in line(out, "audio")
-    assert "NOT READY: no model here: $LEAPVOX_MODEL is not set" in line(out, "speak")
+    assert "NOT READY: no model here: $LEAPVOX_MODEL is not set, the demo model is not bundled" in line(out, "speak")
     lines = out.splitlines()
     first = lines.index(line(out, "models"))
     rows = [ln.removeprefix("models").split()[0] for ln in lines[first: first + len(CATALOG)]]
     assert rows == list(CATALOG)  # every catalog model gets a row, in catalog order
-    assert "qwen3-tts-0.6b  not downloaded" in out
+    assert "qwen3-tts-0.6b  not downloaded" in out and "demo            not bundled yet" in out
     # the reason once on stderr, one line, no traceback
     assert err.count("\n") == 1 and err.startswith("leapvox: speak will not work here: no model here")
     assert "hint: leapvox models pull qwen3-tts-0.6b" in err
 
 
 def test_ready_with_a_model_and_listed_audio_devices(capsys, monkeypatch):
+    monkeypatch.setattr(doctor_cmd, "LOAD_CHECK_MAX_BYTES", 10**9)
     monkeypatch.setenv("LEAPVOX_MODEL", str(TINY))
     monkeypatch.setattr(playback, "load_sounddevice", lambda: FakeSd)
     monkeypatch.setattr(playback, "output_devices", lambda: [
@@ -87,7 +96,7 @@ def test_ready_with_a_model_and_listed_audio_devices(capsys, monkeypatch):
     i = lines.index(line(out, "audio"))
     assert lines[i].endswith("0  Built-in Output") and lines[i + 1].endswith("3  USB Speakers  (default)")
     speak = line(out, "speak")
-    assert f"ready: model {TINY} from speak's default ($LEAPVOX_MODEL)" in speak and "loads in" in speak
+    assert f"ready: model {TINY} from $LEAPVOX_MODEL" in speak and "loads in" in speak
     assert "cpu     ready" in line(out, "backends")
     assert f"leapvox    {version('leapvox')}" in line(out, "leapvox")
 
@@ -149,7 +158,19 @@ def test_bundled_demo_model_is_found_and_used(capsys, monkeypatch, tmp_path):
     assert code == 0, out + err
     demo_row = next(ln for ln in out.splitlines() if "demo " in ln and "bundled" in ln)
     assert "bundled, verified" in demo_row
-    assert "ready: model demo from present here (pass --model demo" in line(out, "speak")
+    assert "ready: model demo from speak's default (the bundled demo model)" in line(out, "speak")
+
+
+@pytest.mark.skipif(not bundled_ready(CATALOG["demo"]), reason="this checkout has no bundled demo model "
+                    "(models/assets/demo/)")
+@pytest.mark.skipif(shutil.which("espeak-ng") is None, reason="the demo model needs espeak-ng, not installed here")
+def test_the_real_bundled_demo_model(capsys, monkeypatch):
+    monkeypatch.setattr(playback, "load_sounddevice", _no_portaudio)
+    code, out, err = doctor(capsys, "--json")
+    r = json.loads(out)
+    demo = next(m for m in r["models"] if m["name"] == "demo")
+    assert demo["state"] == "bundled" and demo["verified"] is True and demo["bytes"] > 100_000
+    assert code == 0 and r["speak"]["model"] == "demo" and r["speak"]["needs"] == "espeak-ng"
 
 
 def _fake_cached_model(name: str, damage: str | None = None):
@@ -170,7 +191,8 @@ def _fake_cached_model(name: str, damage: str | None = None):
         (snapshot / damage).write_bytes(bytes(data))
 
 
-def test_cached_models_are_verified_and_damage_is_reported(capsys, monkeypatch):
+def test_cached_models_are_verified_and_damage_is_reported(capsys, monkeypatch, tmp_path):
+    _no_demo(monkeypatch, tmp_path)
     _fake_cached_model("qwen3-tts-0.6b")
     _fake_cached_model("qwen3-tts-1.7b", damage="vocab.json")
     monkeypatch.setattr(playback, "load_sounddevice", _no_portaudio)
