@@ -88,6 +88,7 @@ def cmd_list(args) -> int:
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
     for r in rows:
         print("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=False)) + "  " + r[-1])
+    __import__("leapvox.app.coreml_cmd", fromlist=["print_exports"]).print_exports()  # Core ML assets, if any
     return 0
 
 

@@ -46,7 +46,8 @@ def additive_mask(allowed: torch.Tensor, dtype: torch.dtype = torch.float32) -> 
 def new_kv_state(stack: DecoderStack, context: int, dtype: torch.dtype = torch.float32) -> list[torch.Tensor]:
     """Zeroed per-layer K and V buffers [1, n_kv, context, head_dim]: k0, v0, k1, v1, ..."""
     c = stack.cfg
-    return [torch.zeros(1, c.num_key_value_heads, context, c.head_dim, dtype=dtype) for _ in range(2 * c.num_hidden_layers)]
+    shape = (1, c.num_key_value_heads, context, c.head_dim)
+    return [torch.zeros(shape, dtype=dtype) for _ in range(2 * c.num_hidden_layers)]
 
 
 def power_of_two_scale(max_rms: float) -> float:

@@ -13,7 +13,7 @@ import shutil
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -97,20 +97,6 @@ def export_dir(folder: Path, settings: ExportSettings) -> Path:
     return export_root() / f"{model_key(folder)}-{model_revision(folder)}-{settings.key()}"
 
 
-def list_exports() -> list[dict]:
-    """Manifests of the finished exports (folders with a manifest), newest first."""
-    root = export_root()
-    out = []
-    for m in sorted(root.glob(f"*/{MANIFEST}")) if root.is_dir() else []:
-        try:
-            d = json.loads(m.read_text())
-        except (OSError, ValueError):
-            continue
-        d["folder"] = str(m.parent)
-        out.append(d)
-    return sorted(out, key=lambda d: d.get("created", 0), reverse=True)
-
-
 # ---------------------------------------------------------------------------------------------------- numerics
 
 
@@ -190,10 +176,11 @@ def _frame_rows(cp: CodePredictor, talker_hidden: int, g: torch.Generator, n: in
     return out
 
 
-def calibrate_predictor(cp: CodePredictor, talker_hidden: int, seed: int = 0) -> dict[str, dict[str, float]]:
+def calibrate_predictor(cp: CodePredictor, talker_hidden: int, seed: int = 0,
+                        frames: int = 8) -> dict[str, dict[str, float]]:
     """Activation figures of the code predictor over a few frames of ar-shaped calls (engine modules, fp32)."""
     g = torch.Generator().manual_seed(seed)
-    frames = _frame_rows(cp, talker_hidden, g)
+    frames = _frame_rows(cp, talker_hidden, g, frames)
 
     def run():
         cp.model.setup_cache(cp.cfg.num_code_groups + 2, dtype=torch.float32)
@@ -297,6 +284,14 @@ def convert_function(fn: Function, state_names: list[str], state: list[torch.Ten
     for buf in state:  # tracing ran the in-place cache writes once
         buf.zero_()
     dtypes = {"fp": np.float16, "i32": np.int32}
+    pipeline = ct.PassPipeline.DEFAULT
+    if weights == "w8a16":  # int8 per output channel, inside the conversion pipeline (no second pass over the model)
+        op = ct.optimize.coreml.OpLinearQuantizerConfig(
+            mode="linear_symmetric", dtype="int8", granularity="per_channel", weight_threshold=2048
+        )
+        pipeline.append_pass("compression::linear_quantize_weights")
+        pipeline.set_options("compression::linear_quantize_weights",
+                             {"config": ct.optimize.coreml.OptimizationConfig(global_config=op)})
     ml = ct.convert(
         traced,
         inputs=[ct.TensorType(name=n, shape=s, dtype=dtypes[d]) for n, s, d in fn.inputs],
@@ -306,15 +301,9 @@ def convert_function(fn: Function, state_names: list[str], state: list[torch.Ten
         minimum_deployment_target=ct.target.macOS15,
         compute_precision=ct.precision.FLOAT16,
         convert_to="mlprogram",
+        pass_pipeline=pipeline,
         skip_model_load=True,
     )
-    if weights == "w8a16":
-        cfg = ct.optimize.coreml.OptimizationConfig(
-            global_config=ct.optimize.coreml.OpLinearQuantizerConfig(
-                mode="linear_symmetric", dtype="int8", granularity="per_channel", weight_threshold=2048
-            )
-        )
-        ml = ct.optimize.coreml.linear_quantize_weights(ml, cfg)
     return ml
 
 
@@ -363,6 +352,9 @@ def export_modules(talker: Talker, dest: Path, settings: ExportSettings, offsets
     """Export the parts of `talker` into `dest` (written in a temp folder beside it, then renamed)."""
     settings.check()
     ct = _coremltools()
+    if offsets is not None and offsets.shape[-2] < settings.drafts:  # as spec mode: draft no deeper than offsets
+        depth = offsets.shape[-2]
+        settings = replace(settings, drafts=depth, tree_paths=tuple(settings.tree.pruned(depth).paths()[1:]))
     dest = Path(dest)
     dest.parent.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", dir=dest.parent))

@@ -1,0 +1,97 @@
+"""`leapvox export-coreml`: the talker and code predictor as Core ML assets (conversion runs on Linux too)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+
+def add_commands(sub) -> None:
+    e = sub.add_parser(
+        "export-coreml",
+        help="export the talker and code predictor to Core ML (.mlpackage; runs on macOS 15)",
+        description="Convert a model to Core ML: the talker (prefill + decode) and the code predictor (prefill, ar, "
+        "fused draft + verify) as multifunction .mlpackage assets with shared weights, KV caches as states, fp16 "
+        "compute. Needs coremltools (pip install 'leapvox[coreml]'); running the assets needs macOS 15.",
+    )
+    e.add_argument("--model", help="catalog name, Hub repo org/name[@revision] or checkpoint folder "
+                   "(default: $LEAPVOX_MODEL)")
+    e.add_argument("--out", type=Path, help="folder to write (default: leapvox's coreml folder, keyed by model, "
+                   "revision and settings; see 'leapvox paths')")
+    e.add_argument("--weights", choices=["w8a16", "fp16"], default="w8a16",
+                   help="int8 per-channel weights with fp16 compute (default), or fp16 weights")
+    e.add_argument("--prefill-len", type=int, default=256, help="talker prompt rows per prefill call (default 256)")
+    e.add_argument("--context", type=int, default=2048, help="talker KV slots, prompt + frames (default 2048)")
+    e.add_argument("--parts", default="predictor,talker", help="comma-separated: predictor, talker (default both)")
+    e.set_defaults(func=cmd_export_coreml)
+
+
+def _say(msg: str) -> None:
+    print(f"leapvox: {msg}", file=sys.stderr, flush=True)
+
+
+def cmd_export_coreml(args) -> int:
+    import os
+    from dataclasses import replace
+
+    from leapvox.app.cli import UsageError
+    from leapvox.models.coreml_export import CoreMLExportError, ExportSettings, human_bytes
+    from leapvox.models.hub import resolve_model_path
+    from leapvox.models.spec_assets import load_tree
+
+    model = args.model or os.environ.get("LEAPVOX_MODEL")
+    if not model:
+        raise UsageError("no model given", hint="pass --model qwen3-tts-0.6b, or --model PATH to a checkpoint folder")
+    folder = resolve_model_path(model, pull=False)
+    tree, tree_file = load_tree(folder, "ane", "default")
+    if tree_file is None:
+        tree, tree_file = load_tree(folder)
+    settings = ExportSettings(weights=args.weights, prefill_len=args.prefill_len, context=args.context,
+                              tree_paths=tuple(tree.paths()[1:]),
+                              parts=tuple(p.strip() for p in args.parts.split(",") if p.strip()))
+    try:
+        settings.check()
+    except CoreMLExportError as e:
+        raise UsageError(str(e), hint=e.hint) from None
+    settings = replace(settings, drafts=settings.tree.max_depth)  # draft as deep as the verify tree goes
+    _say(f"draft tree: {settings.tree.size} nodes, depth {settings.tree.max_depth} "
+         f"({tree_file or 'the default tree; run leapvox calibrate-tree for a calibrated one'})")
+    from leapvox.models.coreml_export import export_model, export_modules
+
+    if args.out is None:
+        dest, manifest = export_model(folder, settings, say=_say)
+    else:
+        from leapvox.models.checkpoint import load_model
+        from leapvox.models.spec_assets import load_offsets
+
+        loaded = load_model(folder, dtype="fp32")
+        talker = loaded.tts.talker
+        offsets, _ = load_offsets(folder, talker.code_predictor.cfg.hidden_size)
+        dest = args.out.expanduser()
+        manifest = export_modules(talker, dest, settings, offsets, {"model": str(folder)}, say=_say)
+    for part, info in manifest["parts"].items():
+        _say(f"{part}.mlpackage: {human_bytes(info['bytes'])}, functions {', '.join(info['functions'])}")
+    _say(f"wrote {dest} ({human_bytes(manifest['bytes'])})")
+    print(dest)
+    return 0
+
+
+def print_exports() -> None:
+    """The Core ML exports in leapvox's coreml folder, one line each (nothing when there are none)."""
+    import json
+
+    from leapvox.models.catalog import human_size
+    from leapvox.models.hub import leapvox_dirs
+
+    root = leapvox_dirs()["coreml"]
+    rows = []
+    for m in sorted(root.glob("*/manifest.json")) if root.is_dir() else []:
+        try:
+            d = json.loads(m.read_text())
+        except (OSError, ValueError):
+            continue
+        rows.append((m.parent.name, human_size(d.get("bytes", 0)), "+".join(d.get("parts", {})), d.get("model", "?")))
+    if rows:
+        print("\nCore ML exports (leapvox export-coreml):")
+        for name, size, parts, model in rows:
+            print(f"  {name}  {size}  {parts}  {model}")
