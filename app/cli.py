@@ -99,6 +99,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo_cmd.add_commands(sub)
     window_cmd.add_commands(sub)
     __import__("leapvox.app.coreml_cmd", fromlist=["add_commands"]).add_commands(sub)
+    __import__("leapvox.app.bench_cmd", fromlist=["add_commands"]).add_commands(sub)
     doctor_cmd.add_commands(sub)
     p.add_argument("--version", action="version", version=f"leapvox {doctor_cmd.version()}")
     return p

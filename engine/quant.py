@@ -1,0 +1,127 @@
+"""Low-bit weights for the CPU: 8-bit weight-only, per-output-channel quantization of the talker and predictor.
+
+`int8` stores each linear weight W [N, K] as int8 codes q [N, K] and one scale per output row s [N], with
+W ~ s * q (symmetric, |q| <= 127). Activations stay 16-bit (bf16) in the matrix product and everything else
+(norms, attention, KV cache, embeddings, codebooks, the codec, the code-0 head) keeps the model's dtype: the CPU
+analogue of W8A16.
+
+Kernel (measured on a 2-core AVX-512 EPYC, torch 2.13, one 0.6B predictor layer's seven linears):
+
+    rows M        1     5     9    17    33    65
+    fp32 ms     3.9  11.2  19.1  21.7  36.5  76.7
+    bf16 ms     2.1   2.7   9.6  11.1  12.6  23.9
+    int8 ms     1.1   2.6   8.4  13.7  22.0  64.5   aten._weight_int8pack_mm, bf16 activations
+    deq  ms     8.0   9.1  13.3  12.6  14.7  35.4   dequantize to bf16, then bf16 matmul
+
+(`torch.ao` dynamic quantization was as fast at M=1 and faster at large M, but it also quantizes the activations
+to 8 bits per tensor; with fp32 activations the int8pack kernel is 10-20x slower than with bf16.) So products
+over up to DEQUANT_ROWS rows use the int8pack kernel and bigger ones (spec verify calls over large trees,
+prefill) dequantize on the fly.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+WEIGHT_FORMATS = ("fp32", "bf16", "int8")
+DEQUANT_ROWS = 16  # above this many rows, dequantize-then-matmul beats the int8pack kernel (table above)
+ACT_DTYPE = torch.bfloat16  # the kernel's activation dtype (it is slow with fp32 activations)
+
+
+def quantize_weight(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """W [N, K] -> (int8 codes [N, K], per-row scales [N] in ACT_DTYPE) with W ~ scales[:, None] * codes.
+
+    The scale is rounded to ACT_DTYPE first and the codes are computed against that rounded scale, so the
+    kernel's scale is exactly the one the codes were made with; 126.5 (not 127) leaves room for that rounding."""
+    w = w.detach().float()
+    amax = w.abs().amax(dim=1).clamp_min(1e-12)
+    scales = (amax / 126.5).to(ACT_DTYPE)
+    codes = torch.round(w / scales.float()[:, None]).clamp_(-127, 127).to(torch.int8)
+    return codes.contiguous(), scales
+
+
+def dequantize(codes: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """The fp32 weight that int8 codes and scales stand for."""
+    return codes.float() * scales.float()[:, None]
+
+
+class Int8Linear(nn.Module):
+    """A bias-optional linear layer over int8 weight codes with per-output-channel scales (W8A16)."""
+
+    def __init__(self, codes: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None = None):
+        super().__init__()
+        self.in_features, self.out_features = codes.shape[1], codes.shape[0]
+        self.register_buffer("codes", codes)
+        self.register_buffer("scales", scales)
+        self.register_buffer("bias", None if bias is None else bias.detach().clone())
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear) -> Int8Linear:
+        codes, scales = quantize_weight(linear.weight)
+        return cls(codes, scales, linear.bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shape = x.shape
+        x2 = x.reshape(-1, shape[-1]).to(ACT_DTYPE)
+        if x2.shape[0] <= DEQUANT_ROWS:
+            y = torch.ops.aten._weight_int8pack_mm(x2, self.codes, self.scales)
+        else:
+            y = F.linear(x2, self.codes.to(ACT_DTYPE) * self.scales[:, None])
+        y = y.to(x.dtype).reshape(*shape[:-1], self.out_features)
+        return y if self.bias is None else y + self.bias
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
+
+
+def quantizable_linears(tts) -> list[tuple[nn.Module, str, nn.Linear]]:
+    """(parent, attribute, linear) of every linear that `int8` converts: the talker's decoder layers, the code
+    predictor's decoder layers, its 15 LM heads and its input projection (1.7B). Not the code-0 head, the text
+    projection, embeddings or the codec."""
+    talker = tts.talker
+    cp = talker.code_predictor
+    found = []
+    for stack in (talker.model.layers, cp.model.layers):
+        for parent in stack.modules():
+            for name, child in parent.named_children():
+                if isinstance(child, nn.Linear):
+                    found.append((parent, name, child))
+    for i, head in enumerate(cp.lm_head):
+        if isinstance(head, nn.Linear):
+            found.append((cp.lm_head, str(i), head))
+    if isinstance(cp.small_to_mtp_projection, nn.Linear):
+        found.append((cp, "small_to_mtp_projection", cp.small_to_mtp_projection))
+    return found
+
+
+@torch.no_grad()
+def quantize_model(tts, weights: str = "int8") -> dict:
+    """Convert a loaded TTSModel in place to the weight format `weights`; returns a summary (layers converted,
+    bytes of their weights before and after). `fp32`/`bf16` are dtypes chosen at load time: nothing to do here."""
+    if weights not in WEIGHT_FORMATS:
+        raise ValueError(f"unknown weight format {weights!r}; choose from {', '.join(WEIGHT_FORMATS)}")
+    summary = {"weights": weights, "layers": 0, "bytes_before": 0, "bytes_after": 0}
+    if weights != "int8":
+        return summary
+    for parent, name, linear in quantizable_linears(tts):
+        if linear.weight.device.type != "cpu":
+            raise ValueError("int8 weights run on the CPU only; load the model on the CPU")
+        q = Int8Linear.from_linear(linear)
+        summary["layers"] += 1
+        summary["bytes_before"] += linear.weight.numel() * linear.weight.element_size()
+        summary["bytes_after"] += q.codes.numel() + q.scales.numel() * q.scales.element_size()
+        setattr(parent, name, q)
+    return summary
+
+
+def linear_weight_bytes(module: nn.Module) -> int:
+    """Bytes of the linear weights (or int8 codes and scales) under `module`: what one forward pass reads."""
+    total = 0
+    for m in module.modules():
+        if isinstance(m, Int8Linear):
+            total += m.codes.numel() + m.scales.numel() * m.scales.element_size()
+        elif isinstance(m, nn.Linear):
+            total += m.weight.numel() * m.weight.element_size()
+    return total

@@ -1,0 +1,743 @@
+"""`leapvox bench`: full-size random-weight checkpoints and the CPU speed figures of every mode and weight format.
+
+A checkpoint of the 0.6B or 1.7B architecture is written once, in the official on-disk layout (config.json,
+model.safetensors in bf16, a byte-level text tokenizer whose special tokens sit at the official ids, and
+speech_tokenizer/ with the codec decoder), under leapvox's data folder; the official package loads the same
+folder (`--vs-official`). Random weights make the timings real and the speech noise: spec mode's acceptance on
+such a model says nothing, so its cost side (verify call vs ar call per tree size N) is what carries over.
+
+Measured per weight format, each in a fresh worker process (clean peak memory), back to back in one run:
+  - memory bandwidth (a large sum: read-only, like weights) -> the floor of a call = bytes of weights it reads /
+    bandwidth; a call's time over its floor is the "floor ratio"
+  - talker step, code-predictor ar call and verify call over N = 4..64 draft nodes, codec decode per frame
+  - end to end per mode (ar, spec, windowed), streaming as `leapvox speak --play` does: xRT, time to first
+    audio, per-frame stage times and the rest (overhead), per-step talker latency
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+BENCH_VERSION = 1  # bump when the checkpoint recipe changes: cached checkpoints are rebuilt
+TREE_SIZES = (4, 8, 16, 32, 64)
+MODES = ("ar", "spec", "windowed")
+TEXT = ("The quick brown fox jumps over the lazy dog, and then it runs all the way back home again "
+        "before the sun goes down.")
+
+# config.json of Qwen3-TTS-12Hz-0.6B-CustomVoice (design tables); 1.7B differs in the talker width only.
+_CODE_PREDICTOR = {
+    "attention_bias": False, "attention_dropout": 0.0, "head_dim": 128, "hidden_act": "silu", "hidden_size": 1024,
+    "initializer_range": 0.02, "intermediate_size": 3072, "max_position_embeddings": 65536,
+    "model_type": "qwen3_tts_talker_code_predictor", "num_attention_heads": 16, "num_code_groups": 16,
+    "num_hidden_layers": 5, "num_key_value_heads": 8, "rms_norm_eps": 1e-6, "rope_scaling": None,
+    "rope_theta": 1000000, "sliding_window": None, "use_cache": True, "use_sliding_window": False,
+    "vocab_size": 2048, "tie_word_embeddings": False,
+}
+_TALKER = {
+    "attention_bias": False, "attention_dropout": 0.0, "code_predictor_config": _CODE_PREDICTOR,
+    "codec_bos_id": 2149, "codec_eos_token_id": 2150, "codec_think_id": 2154, "codec_nothink_id": 2155,
+    "codec_pad_id": 2148, "codec_think_bos_id": 2156, "codec_think_eos_id": 2157,
+    "codec_language_id": {"chinese": 2055, "english": 2050, "german": 2053, "italian": 2070, "portuguese": 2071,
+                          "spanish": 2054, "japanese": 2058, "korean": 2064, "french": 2061, "russian": 2069,
+                          "beijing_dialect": 2074, "sichuan_dialect": 2062},
+    "head_dim": 128, "hidden_act": "silu", "hidden_size": 1024, "initializer_range": 0.02,
+    "intermediate_size": 3072, "max_position_embeddings": 32768, "model_type": "qwen3_tts_talker",
+    "num_attention_heads": 16, "num_code_groups": 16, "num_hidden_layers": 28, "num_key_value_heads": 8,
+    "position_id_per_seconds": 13, "rms_norm_eps": 1e-6,
+    "rope_scaling": {"interleaved": True, "mrope_section": [24, 20, 20], "rope_type": "default", "type": "default"},
+    "rope_theta": 1000000, "sliding_window": None,
+    "spk_id": {"serena": 3066, "vivian": 3065, "uncle_fu": 3010, "ryan": 3061, "aiden": 2861, "ono_anna": 2873,
+               "sohee": 2864, "eric": 2875, "dylan": 2878},
+    "spk_is_dialect": {"serena": False, "vivian": False, "uncle_fu": False, "ryan": False, "aiden": False,
+                       "ono_anna": False, "sohee": False, "eric": "sichuan_dialect", "dylan": "beijing_dialect"},
+    "text_hidden_size": 2048, "text_vocab_size": 151936, "use_cache": True, "use_sliding_window": False,
+    "vocab_size": 3072, "tie_word_embeddings": False,
+}
+_TOP = {
+    "architectures": ["Qwen3TTSForConditionalGeneration"], "model_type": "qwen3_tts",
+    "assistant_token_id": 77091, "im_start_token_id": 151644, "im_end_token_id": 151645,
+    "tts_pad_token_id": 151671, "tts_bos_token_id": 151672, "tts_eos_token_id": 151673,
+    "tokenizer_type": "qwen3_tts_tokenizer_12hz", "tts_model_size": "0b6", "tts_model_type": "custom_voice",
+    "tie_word_embeddings": False,
+}
+SPEECH_TOKENIZER = {
+    "architectures": ["Qwen3TTSTokenizerV2Model"], "model_type": "qwen3_tts_tokenizer_12hz",
+    "encoder_valid_num_quantizers": 16, "input_sample_rate": 24000, "output_sample_rate": 24000,
+    "decode_upsample_rate": 1920, "encode_downsample_rate": 1920,
+    "encoder_config": {  # the official loader builds the (unused) encoder too; its weights stay random there
+        "audio_channels": 1, "num_filters": 64, "kernel_size": 7, "residual_kernel_size": 3, "last_kernel_size": 3,
+        "num_residual_layers": 1, "compress": 2, "dilation_growth_rate": 2, "upsampling_ratios": [8, 6, 5, 4],
+        "hidden_size": 512, "num_hidden_layers": 8, "num_attention_heads": 8, "num_key_value_heads": 8,
+        "head_dim": 64, "intermediate_size": 2048, "hidden_act": "gelu", "norm_eps": 1e-5,
+        "layer_scale_initial_scale": 0.01, "rope_theta": 10000, "max_position_embeddings": 8000,
+        "sliding_window": 250, "num_quantizers": 32, "num_semantic_quantizers": 1, "codebook_size": 2048,
+        "codebook_dim": 256, "vector_quantization_hidden_dimension": 256, "pad_mode": "constant",
+        "use_causal_conv": True, "frame_rate": 12.5, "sampling_rate": 24000,
+    },
+    "decoder_config": {
+        "attention_bias": False, "latent_dim": 1024, "codebook_dim": 512, "codebook_size": 2048,
+        "decoder_dim": 1536, "hidden_act": "silu", "hidden_size": 512, "intermediate_size": 1024,
+        "layer_scale_initial_scale": 0.01, "max_position_embeddings": 8000, "head_dim": 64,
+        "num_attention_heads": 16, "num_hidden_layers": 8, "num_key_value_heads": 16, "num_quantizers": 16,
+        "num_semantic_quantizers": 1, "rms_norm_eps": 1e-5, "rope_theta": 10000, "semantic_codebook_size": 4096,
+        "sliding_window": 72, "upsample_rates": [8, 5, 4, 3], "upsampling_ratios": [2, 2],
+        "vector_quantization_hidden_dimension": 512,
+    },
+}
+GENERATION_CONFIG = {
+    "do_sample": True, "repetition_penalty": 1.05, "temperature": 0.9, "top_p": 1.0, "top_k": 50,
+    "subtalker_dosample": True, "subtalker_temperature": 0.9, "subtalker_top_p": 1.0, "subtalker_top_k": 50,
+    "max_new_tokens": 8192,
+}
+FEATURE_EXTRACTOR = {
+    "chunk_length_s": None, "feature_extractor_type": "EncodecFeatureExtractor", "feature_size": 1, "overlap": None,
+    "padding_side": "right", "padding_value": 0.0, "return_attention_mask": True, "sampling_rate": 24000,
+}
+PROCESSOR = {"padding_side": "left", "padding_value": 0.0, "processor_class": "Qwen3TTSProcessor",
+             "return_attention_mask": True}
+SIZES = {"0.6b": {"tts_model_size": "0b6"},
+         "1.7b": {"tts_model_size": "1b7", "talker": {"hidden_size": 2048, "intermediate_size": 6144}}}
+
+
+def model_config(size: str) -> dict:
+    """config.json of the official `size` ("0.6b" or "1.7b") CustomVoice model."""
+    if size not in SIZES:
+        raise ValueError(f"unknown model size {size!r}; choose from {', '.join(SIZES)}")
+    spec = SIZES[size]
+    talker = copy.deepcopy(_TALKER)
+    talker.update(spec.get("talker", {}))
+    return {**copy.deepcopy(_TOP), "tts_model_size": spec["tts_model_size"], "talker_config": talker}
+
+
+def bench_root() -> Path:
+    from .hub import leapvox_dirs
+
+    return leapvox_dirs()["data"] / "bench"
+
+
+# ---- the checkpoint ------------------------------------------------------------------------------------------
+
+
+def _byte_alphabet() -> list[str]:
+    """The byte-level BPE alphabet: printable Latin-1 bytes stand for themselves, the other bytes (controls, space,
+    a few others) for the characters from U+0100 up, in byte order."""
+    printable = set(range(0x21, 0x7F)) | set(range(0xA1, 0xAD)) | set(range(0xAE, 0x100))
+    out, extra = [], 0
+    for b in range(256):
+        if b in printable:
+            out.append(chr(b))
+        else:
+            out.append(chr(0x100 + extra))
+            extra += 1
+    return out
+
+
+SPECIAL_NAMES = {"im_start_token_id": "<|im_start|>", "im_end_token_id": "<|im_end|>",
+                 "tts_pad_token_id": "<tts_pad>", "tts_bos_token_id": "<tts_text_bos>",
+                 "tts_eos_token_id": "<tts_text_eod>"}
+
+
+def text_tokenizer_files(cfg: dict) -> dict[str, str]:
+    """vocab.json, merges.txt and tokenizer_config.json of a byte-level tokenizer for `cfg`: one token per byte,
+    "assistant" one token at assistant_token_id (the official prompt slicing counts on it), and the special
+    tokens at their config ids, as a contiguous block of added tokens after the vocabulary, led by
+    <|endoftext|> (as in Qwen's own vocabulary, where it is id 151643)."""
+    specials = {cfg[k]: name for k, name in SPECIAL_NAMES.items()}
+    first, last = min(specials) - 1, max(specials)
+    specials[first] = "<|endoftext|>"
+    size = cfg["talker_config"]["text_vocab_size"]
+    if first < 300 or last >= size or not 256 < cfg["assistant_token_id"] < first:
+        raise ValueError("the text token ids leave no room for a byte-level vocabulary (need ids >= 300)")
+    alphabet = _byte_alphabet()
+    vocab = {ch: i for i, ch in enumerate(alphabet)}
+    word, merges, pieces = "assistant", [], []
+    left = word[0]
+    for ch in word[1:]:
+        merges.append(f"{left} {ch}")
+        left += ch
+        pieces.append(left)
+    free = (i for i in range(256, first) if i != cfg["assistant_token_id"])
+    for piece in pieces[:-1]:
+        vocab[piece] = next(free)
+    vocab[word] = cfg["assistant_token_id"]
+    taken = set(vocab.values())
+    for i in range(256, first):
+        if i not in taken:
+            vocab[f"<|unused_{i}|>"] = i
+    added = {}
+    for i in range(first, last + 1):
+        name = specials.get(i, f"<|extra_{i}|>")
+        added[str(i)] = {"content": name, "lstrip": False, "normalized": False, "rstrip": False,
+                         "single_word": False, "special": True}
+    tok_cfg = {
+        "add_bos_token": False, "add_prefix_space": False, "added_tokens_decoder": added,
+        "additional_special_tokens": [v["content"] for v in added.values()], "bos_token": None,
+        "clean_up_tokenization_spaces": False, "eos_token": "<|im_end|>", "errors": "replace",
+        "model_max_length": 131072, "pad_token": added[str(first)]["content"], "split_special_tokens": False,
+        "tokenizer_class": "Qwen2Tokenizer", "unk_token": None,
+    }
+    return {"vocab.json": json.dumps(vocab, ensure_ascii=False), "merges.txt": "#version: 0.2\n" + "\n".join(merges)
+            + "\n", "tokenizer_config.json": json.dumps(tok_cfg, ensure_ascii=False, indent=1)}
+
+
+def random_state(module: torch.nn.Module, dtype: torch.dtype, seed: int, head_gain: float = 2.5) -> dict:
+    """Random tensors for every entry of `module`'s state dict (module may live on the meta device): linear and
+    conv weights N(0, 1/fan_in), output heads N(0, gain^2/fan_in) (logits with a spread of a few units),
+    embeddings and codebook sums N(0, 1), norms and usage counts 1, biases and other vectors 0."""
+    g = torch.Generator().manual_seed(seed)
+    out = {}
+    for name, ref in module.state_dict().items():
+        shape = tuple(ref.shape)
+        if not ref.is_floating_point():
+            out[name] = torch.zeros(shape, dtype=ref.dtype)
+            continue
+        leaf = name.rsplit(".", 1)[-1]
+        if leaf == "cluster_usage" or (len(shape) == 1 and ("norm" in name or leaf == "weight")):
+            t = torch.ones(shape, dtype=dtype)
+        elif len(shape) == 1 or leaf == "bias":
+            t = torch.zeros(shape, dtype=dtype)
+        elif "embedding" in name:
+            t = torch.empty(shape, dtype=dtype).normal_(0, 1.0, generator=g)
+        else:
+            fan_in = max(1, ref.numel() // shape[0])
+            gain = head_gain if ("lm_head" in name or "codec_head" in name) else 1.0
+            t = torch.empty(shape, dtype=dtype).normal_(0, gain / fan_in**0.5, generator=g)
+        out[name] = t.contiguous()
+    return out
+
+
+def build_checkpoint(folder: Path, cfg: dict, codec_cfg: dict | None = None, say=None) -> Path:
+    """Write a random-weight CustomVoice checkpoint folder for `cfg` (config.json dict) in the official layout.
+    Reuses a finished one (marked by bench.json with this recipe version); writes to a temp folder first."""
+    from safetensors.torch import save_file
+
+    from leapvox.engine.codec import CodecConfig, CodecDecoder
+    from leapvox.engine.config import TTSConfig
+    from leapvox.engine.talker import TTSModel
+
+    folder = Path(folder)
+    codec_cfg = codec_cfg or SPEECH_TOKENIZER
+    marker = folder / "bench.json"
+    if marker.is_file():
+        try:
+            if json.loads(marker.read_text()).get("version") == BENCH_VERSION:
+                return folder
+        except ValueError:
+            pass
+    tmp = folder.with_name(folder.name + ".part")
+    if tmp.exists():
+        import shutil
+
+        shutil.rmtree(tmp)
+    (tmp / "speech_tokenizer").mkdir(parents=True)
+    (say or (lambda m: None))(f"building a random-weight checkpoint in {folder} (once)")
+    with torch.device("meta"):
+        tts = TTSModel(TTSConfig.from_dict(cfg).talker)
+        codec = CodecDecoder(CodecConfig.from_dict(codec_cfg))
+    save_file(random_state(tts, torch.bfloat16, seed=0), str(tmp / "model.safetensors"))
+    codec_state = {"decoder." + k: v for k, v in random_state(codec, torch.float32, seed=1).items()}
+    save_file(codec_state, str(tmp / "speech_tokenizer" / "model.safetensors"))
+    del tts, codec, codec_state
+    (tmp / "config.json").write_text(json.dumps(cfg, indent=1))
+    (tmp / "generation_config.json").write_text(json.dumps(GENERATION_CONFIG, indent=1))
+    (tmp / "preprocessor_config.json").write_text(json.dumps(PROCESSOR))
+    for name, text in text_tokenizer_files(cfg).items():
+        (tmp / name).write_text(text, encoding="utf-8")
+    (tmp / "speech_tokenizer" / "config.json").write_text(json.dumps(codec_cfg, indent=1))
+    (tmp / "speech_tokenizer" / "preprocessor_config.json").write_text(json.dumps(FEATURE_EXTRACTOR, indent=1))
+    (tmp / "bench.json").write_text(json.dumps({"version": BENCH_VERSION, "random_weights": True}))
+    if folder.exists():
+        import shutil
+
+        shutil.rmtree(folder)
+    tmp.rename(folder)
+    return folder
+
+
+def checkpoint_for(size: str, say=None) -> Path:
+    """The cached random-weight checkpoint of the official `size` architecture, built on first use."""
+    return build_checkpoint(bench_root() / f"random-{size}", model_config(size), say=say)
+
+
+# ---- measurements ----------------------------------------------------------------------------------------------
+
+
+def _timed(fn, repeats: int) -> list[float]:
+    out = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        out.append(time.perf_counter() - t0)
+    return out
+
+
+def _summary(times: list[float]) -> dict:
+    """Median and minimum, in ms. On a shared machine the minimum is the best estimate of the undisturbed cost."""
+    return {"median_ms": 1e3 * statistics.median(times), "min_ms": 1e3 * min(times), "n": len(times)}
+
+
+def bandwidth(mbytes: int = 256, repeats: int = 5) -> dict:
+    """Memory read bandwidth (GB/s) of a large fp32 sum, and copy bandwidth (read + write bytes) of a memcpy."""
+    n = mbytes * 2**20 // 4
+    a = torch.ones(n)
+    b = torch.empty_like(a)
+    a.sum()
+    b.copy_(a)
+    read = min(_timed(lambda: a.sum(), repeats))
+    copy_ = min(_timed(lambda: b.copy_(a), repeats))
+    return {"read_gb_s": a.numel() * 4 / read / 1e9, "copy_gb_s": 2 * a.numel() * 4 / copy_ / 1e9, "mbytes": mbytes}
+
+
+def rss_mb() -> dict:
+    """Resident memory now and the process's peak so far (MiB)."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / (2**20 if sys.platform == "darwin" else 2**10)
+    now = None
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                now = int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return {"rss_mb": now, "peak_rss_mb": peak}
+
+
+@torch.inference_mode()
+def talker_step_times(talker, frames: int, prompt: int = 48) -> list[float]:
+    """Seconds of each of `frames` consecutive talker steps (full cache) after a `prompt`-row prefill."""
+    from leapvox.engine.generate import FullCache
+
+    g = torch.Generator().manual_seed(0)
+    dtype = talker.model.norm.weight.dtype
+    cache = FullCache(talker, prompt, frames + 1)
+    h = talker.cfg.hidden_size
+    cache.prefill(torch.randn(1, prompt, h, generator=g).to(dtype))
+    x = torch.randn(1, 1, h, generator=g).to(dtype)
+    times = []
+    for k in range(frames):
+        t0 = time.perf_counter()
+        cache.step(x, k)
+        times.append(time.perf_counter() - t0)
+    return times
+
+
+@torch.inference_mode()
+def predictor_call_times(cp, sizes=TREE_SIZES, repeats: int = 5, prefix: int = 8) -> dict:
+    """Per call: an ar call (1 row + its head) and verify calls over N draft nodes (N+1 rows under a tree mask,
+    one head), each after `prefix` cached rows, timed back to back round-robin."""
+    hc = cp.cfg.hidden_size
+    dtype = cp.model.norm.weight.dtype
+    cp.model.setup_cache(prefix + max(sizes) + 2)
+    g = torch.Generator().manual_seed(0)
+    x0 = torch.randn(1, prefix, hc, generator=g).to(dtype)
+    cp.model(x0, 0)
+    rows = {n: torch.randn(1, n + 1, hc, generator=g).to(dtype) for n in (0, *sizes)}
+    masks = {n: torch.ones(n + 1, prefix + n + 1, dtype=torch.bool) if n else None for n in rows}
+    head = cp.lm_head[0]
+    times: dict[int, list[float]] = {n: [] for n in rows}
+    for i in range(repeats + 1):
+        for n in rows:
+            t0 = time.perf_counter()
+            head(cp.model(rows[n], prefix, masks[n])[:, -1])
+            if i:
+                times[n].append(time.perf_counter() - t0)
+    return {"ar": _summary(times[0]), "verify": {str(n): _summary(times[n]) for n in sizes}}
+
+
+@torch.inference_mode()
+def predictor_frame_times(cp, params, frames: int) -> list[float]:
+    """Seconds of the whole 15-code ar loop (calls, sampling, embeddings) per frame, on random inputs."""
+    from leapvox.engine.generate import predict_codes
+
+    g = torch.Generator().manual_seed(0)
+    dtype = cp.model.norm.weight.dtype
+    th = cp.model.codec_embedding[0].weight.shape[1]
+    cp.model.setup_cache(cp.cfg.num_code_groups)
+    h, e = torch.randn(1, 1, th, generator=g).to(dtype), torch.randn(1, 1, th, generator=g).to(dtype)
+    return _timed(lambda: predict_codes(cp, h, e, params, g), frames)
+
+
+@torch.inference_mode()
+def codec_frame_times(synth, frames: int, repeats: int) -> list[float]:
+    """Seconds per frame of the codec decoding `frames` random frames in one go (official chunking)."""
+    g = torch.Generator().manual_seed(0)
+    vp = synth.tts.talker.code_predictor.cfg.vocab_size
+    codes = torch.cat([torch.randint(0, 2048, (frames, 1), generator=g),
+                       torch.randint(0, min(vp, 2048), (frames, 15), generator=g)], dim=1)
+    return [t / frames for t in _timed(lambda: synth.decode(codes), repeats)]
+
+
+def end_to_end(synth, opts, text: str = TEXT) -> dict:
+    """One utterance streamed as `speak --play` does (chunks of 2 frames, doubling to 16, through the streaming
+    codec): xRT, time to first audio, per-frame stage times, per-step talker latency."""
+    from leapvox.engine.generate import DecodeStats
+    from leapvox.engine.streaming import FIRST_CHUNK_FRAMES, MAX_CHUNK_FRAMES
+
+    stats, warnings = DecodeStats(), []
+    codec = synth.codec.stream(official_chunking=True)
+    size, pending, samples, first = FIRST_CHUNK_FRAMES, [], 0, None
+    t0 = time.perf_counter()
+
+    def push(frames):
+        nonlocal samples, first
+        t = time.perf_counter()
+        with torch.inference_mode():
+            wav = codec.push(torch.stack(frames).T[None].to(synth.codec_device))
+        stats.codec_s += time.perf_counter() - t
+        samples += wav.numel()
+        if first is None and wav.numel():
+            first = time.perf_counter() - t0
+
+    for frame in synth.frames(text, opts, stats, warnings):
+        pending.append(frame)
+        if len(pending) >= size:
+            push(pending)
+            pending, size = [], min(2 * size, MAX_CHUNK_FRAMES)
+    if pending:
+        push(pending)
+    elapsed = time.perf_counter() - t0
+    n = max(stats.frames, 1)
+    audio_s = samples / synth.sample_rate
+    stage = {"talker": stats.talker_s / n, "predictor": stats.predictor_s / n, "codec": stats.codec_s / n}
+    out = {
+        "frames": stats.frames, "stop_reason": stats.stop_reason, "audio_s": audio_s, "elapsed_s": elapsed,
+        "xrt": audio_s / elapsed if elapsed > 0 else 0.0, "first_audio_s": first, "prefill_ms": 1e3 * stats.prefill_s,
+        "talker_ms_per_frame": 1e3 * stage["talker"], "predictor_ms_per_frame": 1e3 * stage["predictor"],
+        "codec_ms_per_frame": 1e3 * stage["codec"],
+        "overhead_ms_per_frame": 1e3 * max(0.0, (elapsed - stats.prefill_s) / n - sum(stage.values())),
+        "predictor_calls_per_frame": stats.predictor_calls / n, "step_ms": list(stats.step_ms),
+    }
+    if stats.spec is not None:
+        out["tokens_per_call"] = stats.spec.tokens_per_call
+    return out
+
+
+def measure_format(folder: Path, weights: str, frames: int, repeats: int, modes=MODES) -> dict:
+    """Everything for one weight format of the checkpoint in `folder` (run it in a fresh process for a clean peak
+    memory figure)."""
+    from dataclasses import replace
+
+    from leapvox.engine.quant import linear_weight_bytes
+
+    from .checkpoint import load_model
+
+    t0 = time.perf_counter()
+    model = load_model(folder, dtype=weights)
+    load_s = time.perf_counter() - t0
+    mem_loaded = rss_mb()
+    bw = bandwidth()
+    talker, cp = model.tts.talker, model.tts.talker.code_predictor
+    synth = model.synthesizer()
+    talker_bytes = linear_weight_bytes(talker.model) + linear_weight_bytes(talker.codec_head)
+    call_bytes = linear_weight_bytes(cp.model) + linear_weight_bytes(cp.lm_head[0])
+    steps = [t for _ in range(repeats) for t in talker_step_times(talker, frames)]
+    calls = predictor_call_times(cp, repeats=max(3, repeats * 3))
+    loop = [t for _ in range(repeats) for t in predictor_frame_times(cp, model.defaults.predictor, frames)]
+    codec = codec_frame_times(synth, frames, repeats)
+    bps = bw["read_gb_s"] * 1e9
+    out = {
+        "weights": weights, "threads": torch.get_num_threads(), "load_s": load_s, "bandwidth": bw,
+        "talker_step": {**_summary(steps), "bytes": talker_bytes, "floor_ms": 1e3 * talker_bytes / bps},
+        "predictor_call": {**calls["ar"], "bytes": call_bytes, "floor_ms": 1e3 * call_bytes / bps},
+        "verify": calls["verify"],
+        "predictor_frame": _summary(loop),
+        "codec_frame": _summary(codec),
+        "memory_after_load": mem_loaded,
+        "modes": {},
+    }
+    for rec in (out["talker_step"], out["predictor_call"]):
+        rec["floor_ratio"] = rec["min_ms"] / rec["floor_ms"]
+    out["predictor_frame"]["overhead_ms"] = out["predictor_frame"]["min_ms"] - 15 * out["predictor_call"]["min_ms"]
+    opts = replace(model.defaults, max_frames=frames, seed=0, runaway_guard=False)
+    for mode in modes:
+        runs = [end_to_end(synth, replace(opts, mode=mode)) for _ in range(repeats)]
+        best = max(runs, key=lambda r: r["xrt"])
+        best["xrt_runs"] = [r["xrt"] for r in runs]
+        out["modes"][mode] = best
+    out["memory_peak"] = rss_mb()
+    return out
+
+
+def _worker_main(argv: list[str]) -> int:
+    """python -m leapvox.models.bench FOLDER WEIGHTS FRAMES REPEATS MODES -> one JSON line on stdout."""
+    folder, weights, frames, repeats, modes = argv
+    out = measure_format(Path(folder), weights, int(frames), int(repeats), tuple(m for m in modes.split(",") if m))
+    print(json.dumps(out))
+    return 0
+
+
+def run_format(folder: Path, weights: str, frames: int, repeats: int, modes, isolate: bool = True) -> dict:
+    """measure_format, in a fresh Python process when `isolate` (same interpreter and thread settings)."""
+    if not isolate:
+        return measure_format(folder, weights, frames, repeats, modes)
+    cmd = [sys.executable, "-m", "leapvox.models.bench", str(folder), weights, str(frames), str(repeats),
+           ",".join(modes)]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        tail = (proc.stderr.strip().splitlines() or ["(no output)"])[-1]
+        raise RuntimeError(f"the {weights} benchmark worker failed: {tail}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+# ---- fidelity ------------------------------------------------------------------------------------------------
+
+
+@torch.inference_mode()
+def code_agreement(ref, other, text: str = TEXT, frames: int = 25, seed: int = 0) -> dict:
+    """How often `other` picks the code `ref` picks (two LoadedModels of one checkpoint, e.g. fp32 and int8).
+
+    `ref` speaks `text` (seeded sampling, at most `frames` frames); both models are then teacher-forced on those
+    frames and, at each of the 16 codes of every frame, pick a code from their own logits: greedily (argmax), and
+    by sampling with the same random draw (the same Gumbel noise added to both models' temperature / top-k / top-p
+    processed logits). Code 0 has the control ids suppressed as in decoding; the repetition penalty is left out.
+    Also the largest logit difference relative to the spread of `ref`'s logits."""
+    from dataclasses import replace
+
+    from leapvox.engine.sampling import suppress_mask_for, temperature_top_k_top_p
+
+    from .spec_recipes import predictor_hidden, teacher_forced_frames
+
+    opts = replace(ref.defaults, max_frames=frames, seed=seed, runaway_guard=False)
+    codes, _, _ = ref.synthesizer().generate_codes(text, opts)
+    if len(codes) == 0:
+        return {"frames": 0}
+    logits = []
+    for m in (ref, other):
+        fr = teacher_forced_frames(m.synthesizer(), text, codes, opts)
+        talker, cp = m.tts.talker, m.tts.talker.code_predictor
+        c0 = talker.codec_head(fr.hidden).float()  # [F, V]
+        hid = predictor_hidden(cp, fr)  # [F, 16, Hc]
+        rest = torch.stack([cp.lm_head[j](hid[:, j + 1]).float() for j in range(cp.num_heads)], dim=1)
+        logits.append((c0, rest))
+    tc = ref.config.talker
+    mask = suppress_mask_for(tc.vocab_size, tc.suppressed_ids, tc.codec_eos_token_id)
+    g = torch.Generator().manual_seed(seed)
+    out = {"frames": len(codes)}
+    for name, i, params in (("code0", 0, opts.talker), ("codes1_15", 1, opts.predictor)):
+        a, b = logits[0][i], logits[1][i]
+        if i == 0:
+            a, b = a.masked_fill(mask, float("-inf")), b.masked_fill(mask, float("-inf"))
+        finite = torch.isfinite(a)
+        spread = a[finite].std()
+        out[f"{name}_max_logit_diff_rel"] = float((a - b)[finite].abs().max() / spread)
+        out[f"{name}_greedy_agreement"] = float((a.argmax(-1) == b.argmax(-1)).float().mean())
+        noise = -torch.log(-torch.log(torch.rand(a.shape, generator=g).clamp_min(1e-20)))
+        pa = temperature_top_k_top_p(a.flatten(0, -2), params).view_as(a) + noise
+        pb = temperature_top_k_top_p(b.flatten(0, -2), params).view_as(b) + noise
+        out[f"{name}_sampled_agreement"] = float((pa.argmax(-1) == pb.argmax(-1)).float().mean())
+    return out
+
+
+# ---- the official implementation -------------------------------------------------------------------------------
+
+REFERENCE_PYTHON = Path(os.environ.get("LEAPVOX_REFERENCE_PYTHON", "/work/refvenv/bin/python"))
+
+
+def official_available() -> str | None:
+    """None when the official package can be run, else why not (one line)."""
+    if not REFERENCE_PYTHON.is_file():
+        return (f"no reference virtualenv at {REFERENCE_PYTHON} (set LEAPVOX_REFERENCE_PYTHON, or see "
+                "tests/reference/README.md); skipping the official side")
+    return None
+
+
+def run_official(folder: Path, dtype: str, frames: int, repeats: int, text: str = TEXT, timeout: float = 3600) -> dict:
+    """Run models/bench_official.py in the reference virtualenv on `folder`; its JSON result."""
+    script = Path(__file__).with_name("bench_official.py")
+    stubs = Path(__file__).resolve().parents[1] / "tests" / "reference" / "stubs"
+    env = dict(os.environ, PYTHONPATH=str(stubs))
+    cmd = [str(REFERENCE_PYTHON), str(script), str(folder), dtype, str(frames), str(repeats), text]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout)
+    if proc.returncode != 0:
+        tail = (proc.stderr.strip().splitlines() or ["(no output)"])[-1]
+        raise RuntimeError(f"the official {dtype} run failed: {tail}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+# ---- report ----------------------------------------------------------------------------------------------------
+
+
+def table(result: dict) -> str:
+    """The per-format, per-mode table (and the official side with ratios when present)."""
+    lines = []
+    fmts = result["formats"]
+    bw = next(iter(fmts.values()))["bandwidth"]["read_gb_s"] if fmts else 0.0
+    lines.append(f"{result['model']}  {result['frames']} frames, {result['repeats']} repeat(s), "
+                 f"{result['threads']} threads, read bandwidth {bw:.1f} GB/s; times are the minimum over repeats")
+    head = f"{'per 80 ms frame':<34}" + "".join(f"{w:>12}" for w in fmts)
+    off = result.get("official", {})
+    head += "".join(f"{'official ' + d:>16}" for d in off)
+    lines.append(head)
+
+    def row(label, get, fmt="{:.1f}", official=None):
+        cells = []
+        for rec in fmts.values():
+            try:
+                cells.append(fmt.format(get(rec)))
+            except (KeyError, TypeError):
+                cells.append("-")
+        line = f"{label:<34}" + "".join(f"{c:>12}" for c in cells)
+        if official:
+            for rec in off.values():
+                try:
+                    line += f"{fmt.format(official(rec)):>16}"
+                except (KeyError, TypeError):
+                    line += f"{'-':>16}"
+        lines.append(line)
+
+    row("talker step ms", lambda r: r["talker_step"]["min_ms"], official=lambda o: o["talker_step_ms"])
+    row("  floor ms (bytes / bandwidth)", lambda r: r["talker_step"]["floor_ms"])
+    row("  x floor", lambda r: r["talker_step"]["floor_ratio"], "{:.2f}")
+    row("predictor call ms (ar)", lambda r: r["predictor_call"]["min_ms"], "{:.2f}",
+        official=lambda o: o["predictor_call_ms"])
+    row("  floor ms", lambda r: r["predictor_call"]["floor_ms"], "{:.2f}")
+    row("  x floor", lambda r: r["predictor_call"]["floor_ratio"], "{:.2f}")
+    row("predictor 15-code loop ms", lambda r: r["predictor_frame"]["min_ms"],
+        official=lambda o: o["predictor_frame_ms"])
+    row("  overhead beyond 15 calls ms", lambda r: r["predictor_frame"]["overhead_ms"],
+        official=lambda o: o["predictor_overhead_ms"])
+    for n in TREE_SIZES:
+        row(f"verify N={n} ms (x ar call)", lambda r, n=n: (r["verify"][str(n)]["min_ms"],
+            r["verify"][str(n)]["min_ms"] / r["predictor_call"]["min_ms"]), "{0[0]:.1f} ({0[1]:.1f})")
+    row("codec decode ms / frame", lambda r: r["codec_frame"]["min_ms"], official=lambda o: o["codec_ms_per_frame"])
+    for mode in result["modes"]:
+        row(f"{mode}: xRT", lambda r, m=mode: r["modes"][m]["xrt"], "{:.3f}",
+            official=(lambda o: o["xrt"]) if mode == "ar" else None)
+        row(f"{mode}: first audio s", lambda r, m=mode: r["modes"][m]["first_audio_s"], "{:.2f}",
+            official=(lambda o: o["first_frame_s"]) if mode == "ar" else None)
+        row(f"{mode}: talker/pred/codec/other ms", lambda r, m=mode: r["modes"][m],
+            "{0[talker_ms_per_frame]:.0f}/{0[predictor_ms_per_frame]:.0f}/{0[codec_ms_per_frame]:.0f}/"
+            "{0[overhead_ms_per_frame]:.0f}")
+        if mode == "spec":
+            row("spec: tokens per call", lambda r: r["modes"]["spec"]["tokens_per_call"], "{:.2f}")
+    row("peak RSS MiB", lambda r: r["memory_peak"]["peak_rss_mb"], "{:.0f}", official=lambda o: o["peak_rss_mb"])
+    fid = result.get("fidelity") or {}
+    if fid:
+        lines.append("")
+        lines.append("fidelity vs fp32 (teacher-forced on fp32's codes; share of codes picked alike):")
+        lines.append(f"{'format':<8}{'code0 greedy':>14}{'code0 same draw':>17}{'1..15 greedy':>14}"
+                     f"{'1..15 same draw':>17}{'max dlogit/std':>16}")
+        for w, f in fid.items():
+            if not f.get("frames"):
+                continue
+            lines.append(f"{w:<8}{f['code0_greedy_agreement']:>14.3f}{f['code0_sampled_agreement']:>17.3f}"
+                         f"{f['codes1_15_greedy_agreement']:>14.3f}{f['codes1_15_sampled_agreement']:>17.3f}"
+                         f"{max(f['code0_max_logit_diff_rel'], f['codes1_15_max_logit_diff_rel']):>16.3f}")
+    if result.get("ratios"):
+        lines.append("")
+        lines.append("leapvox (fastest mode and format) vs official, same run:")
+        for k, v in result["ratios"].items():
+            lines.append(f"  {k}: {v:.2f}x")
+    return "\n".join(lines)
+
+
+def ratios(result: dict) -> dict:
+    """xRT of leapvox's fastest mode and format over the official xRT per official dtype, and per-stage ratios."""
+    off = result.get("official") or {}
+    best = max(((w, m, rec["modes"][m]["xrt"]) for w, rec in result["formats"].items() for m in rec["modes"]),
+               key=lambda t: t[2], default=None)
+    out = {}
+    if best is None:
+        return out
+    for d, o in off.items():
+        if o.get("xrt"):
+            out[f"xRT {best[0]} {best[1]} / official {d}"] = best[2] / o["xrt"]
+        same = result["formats"].get(d)
+        if same and o.get("talker_step_ms"):
+            out[f"talker step: official {d} / leapvox {d}"] = o["talker_step_ms"] / same["talker_step"]["min_ms"]
+        if same and o.get("predictor_frame_ms"):
+            out[f"predictor per frame: official {d} / leapvox {d} ar"] = (
+                o["predictor_frame_ms"] / same["predictor_frame"]["min_ms"])
+    return out
+
+
+def plot(result: dict, path: Path) -> list[Path]:
+    """Two PNGs beside `path`: verify cost and the speedup bound vs tree size N; talker step latency vs frames
+    (ar vs windowed). Empty when matplotlib is missing."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return []
+    written = []
+    fig, ax = plt.subplots(figsize=(5, 3.2))
+    for w, rec in result["formats"].items():
+        ar = rec["predictor_call"]["min_ms"]
+        ax.plot(TREE_SIZES, [rec["verify"][str(n)]["min_ms"] / ar for n in TREE_SIZES], marker="o", label=w)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("draft tree size N")
+    ax.set_ylabel("verify call / ar call")
+    ax.set_title("spec: cost of verifying N drafts (speedup = tokens per call / this)", fontsize=8)
+    ax.legend()
+    fig.tight_layout()
+    p = path.with_name(path.stem + "-tree.png")
+    fig.savefig(p)
+    plt.close(fig)
+    written.append(p)
+    fig, ax = plt.subplots(figsize=(5, 3.2))
+    for w, rec in result["formats"].items():
+        for mode in ("ar", "windowed"):
+            steps = rec["modes"].get(mode, {}).get("step_ms")
+            if steps:
+                ax.plot(range(1, len(steps) + 1), steps, label=f"{mode} {w}")
+    ax.set_xlabel("frames generated")
+    ax.set_ylabel("talker step (ms)")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    p = path.with_name(path.stem + "-steps.png")
+    fig.savefig(p)
+    plt.close(fig)
+    written.append(p)
+    return written
+
+
+def run_bench(folder: Path, weights, modes, frames: int, repeats: int, official: bool = False,
+              isolate: bool = True, say=None, official_frames: int | None = None, fidelity: bool = True) -> dict:
+    """The whole benchmark on the checkpoint in `folder`: every weight format (each in its own process when
+    `isolate`), then the official package on the same folder when asked and available."""
+    say = say or (lambda m: None)
+    result = {"model": str(folder), "frames": frames, "repeats": repeats, "threads": torch.get_num_threads(),
+              "modes": list(modes), "formats": {}, "torch": torch.__version__}
+    for w in weights:
+        say(f"leapvox {w}: measuring")
+        result["formats"][w] = run_format(folder, w, frames, repeats, modes, isolate)
+    if fidelity and "fp32" in weights and len(weights) > 1:
+        from .checkpoint import load_model
+
+        say("fidelity: teacher-forced code agreement with fp32")
+        ref = load_model(folder, dtype="fp32")
+        result["fidelity"] = {}
+        for w in weights:
+            if w != "fp32":
+                result["fidelity"][w] = code_agreement(ref, load_model(folder, dtype=w), frames=frames)
+        del ref
+    if official:
+        why = official_available()
+        if why:
+            say(why)
+            result["official_skipped"] = why
+        else:
+            result["official"] = {}
+            for d in [w for w in weights if w in ("fp32", "bf16")] or ["fp32"]:
+                say(f"official {d}: measuring")
+                try:
+                    result["official"][d] = run_official(folder, d, official_frames or frames, repeats)
+                except (RuntimeError, subprocess.TimeoutExpired) as e:
+                    say(f"official {d}: {e}")
+        result["ratios"] = ratios(result)
+    return result
+
+
+if __name__ == "__main__":
+    sys.exit(_worker_main(sys.argv[1:]))

@@ -1,0 +1,112 @@
+"""`leapvox bench` on a tiny random-weight checkpoint: every JSON field filled with a plausible number.
+
+No timing assertions: only that times are positive and finite, and counts and sizes are what the setup implies.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+
+import pytest
+
+from leapvox.models import bench
+
+
+def tiny_configs() -> tuple[dict, dict]:
+    cfg = bench.model_config("0.6b")
+    cfg.update(assistant_token_id=300, im_start_token_id=400, im_end_token_id=401, tts_pad_token_id=402,
+               tts_bos_token_id=403, tts_eos_token_id=404)
+    t = cfg["talker_config"]
+    t.update(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+             num_key_value_heads=2, head_dim=16, text_vocab_size=512, text_hidden_size=48,
+             rope_scaling={"interleaved": True, "mrope_section": [4, 2, 2], "rope_type": "default"})
+    t["code_predictor_config"].update(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, head_dim=8, vocab_size=64)
+    codec = copy.deepcopy(bench.SPEECH_TOKENIZER)
+    codec["decoder_config"].update(latent_dim=64, codebook_dim=8, decoder_dim=64, hidden_size=32,
+                                   intermediate_size=64, head_dim=8, num_attention_heads=4, num_key_value_heads=4,
+                                   num_hidden_layers=2)
+    return cfg, codec
+
+
+@pytest.fixture(scope="module")
+def tiny_folder(tmp_path_factory):
+    cfg, codec = tiny_configs()
+    return bench.build_checkpoint(tmp_path_factory.mktemp("bench") / "tiny", cfg, codec)
+
+
+def test_official_configs_have_the_published_sizes():
+    from leapvox.engine.config import TTSConfig
+
+    small, big = (TTSConfig.from_dict(bench.model_config(s)) for s in ("0.6b", "1.7b"))
+    assert (small.talker.hidden_size, big.talker.hidden_size) == (1024, 2048)
+    assert small.talker.num_hidden_layers == big.talker.num_hidden_layers == 28
+    assert small.talker.code_predictor.hidden_size == big.talker.code_predictor.hidden_size == 1024
+    assert big.supports_instruct and not small.supports_instruct
+
+
+def test_checkpoint_loads_tokenizes_and_is_reused(tiny_folder):
+    from leapvox.models.checkpoint import load_model
+
+    m = load_model(tiny_folder)
+    ids = m.tokenizer.encode("<|im_start|>assistant\nHi<|im_end|>")
+    assert ids == [400, 300, 10, ord("H"), ord("i"), 401]  # assistant is one token; bytes are their own ids
+    stamp = (tiny_folder / "model.safetensors").stat().st_mtime_ns
+    cfg, codec = tiny_configs()
+    assert bench.build_checkpoint(tiny_folder, cfg, codec) == tiny_folder
+    assert (tiny_folder / "model.safetensors").stat().st_mtime_ns == stamp  # cached, not rebuilt
+
+
+def _positive(x) -> bool:
+    return isinstance(x, (int, float)) and math.isfinite(x) and x > 0
+
+
+def test_bench_fills_every_field(tiny_folder, tmp_path):
+    result = bench.run_bench(tiny_folder, ["fp32", "int8"], bench.MODES, frames=4, repeats=1, isolate=False)
+    result = json.loads(json.dumps(result))  # what the JSON file holds
+    assert set(result["formats"]) == {"fp32", "int8"}
+    for w, rec in result["formats"].items():
+        assert rec["weights"] == w and rec["threads"] >= 1
+        assert _positive(rec["bandwidth"]["read_gb_s"]) and _positive(rec["bandwidth"]["copy_gb_s"])
+        for key in ("talker_step", "predictor_call"):
+            for field in ("min_ms", "median_ms", "floor_ms", "floor_ratio", "bytes"):
+                assert _positive(rec[key][field]), (w, key, field)
+        assert set(rec["verify"]) == {str(n) for n in bench.TREE_SIZES}
+        assert all(_positive(v["min_ms"]) for v in rec["verify"].values())
+        assert _positive(rec["predictor_frame"]["min_ms"]) and _positive(rec["codec_frame"]["min_ms"])
+        assert _positive(rec["memory_peak"]["peak_rss_mb"])
+        for mode in bench.MODES:
+            run = rec["modes"][mode]
+            assert 1 <= run["frames"] <= 4
+            assert _positive(run["xrt"]) and _positive(run["first_audio_s"]) and _positive(run["audio_s"])
+            assert _positive(run["predictor_ms_per_frame"]) and run["overhead_ms_per_frame"] >= 0
+            assert len(run["step_ms"]) == run["frames"] - 1 or run["stop_reason"] == "eos"
+        assert rec["modes"]["ar"]["predictor_calls_per_frame"] == 15
+        assert rec["modes"]["spec"]["tokens_per_call"] >= 1
+    fp32, int8 = result["formats"]["fp32"], result["formats"]["int8"]
+    assert int8["predictor_call"]["bytes"] < fp32["predictor_call"]["bytes"] / 3  # 1-byte weights read
+    f = result["fidelity"]["int8"]
+    assert f["frames"] >= 1 and 0 <= f["codes1_15_greedy_agreement"] <= 1
+    text = bench.table(result)
+    assert "talker step ms" in text and "verify N=64" in text and "fidelity" in text
+    plots = bench.plot(result, tmp_path / "bench.json")
+    assert all(p.stat().st_size > 0 for p in plots)
+
+
+def test_official_side_is_skipped_with_one_line_when_missing(tiny_folder, monkeypatch, tmp_path):
+    monkeypatch.setattr(bench, "REFERENCE_PYTHON", tmp_path / "no-python")
+    said = []
+    result = bench.run_bench(tiny_folder, ["int8"], ["ar"], frames=2, repeats=1, isolate=False, official=True,
+                             say=said.append)
+    assert "official" not in result and "reference virtualenv" in result["official_skipped"]
+    assert any("skipping the official side" in s for s in said)
+
+
+def test_cli_rejects_unknown_formats(capsys):
+    from leapvox.app.cli import main
+
+    assert main(["bench", "--weights", "fp32,int4"]) == 2
+    err = capsys.readouterr().err
+    assert "int4" in err and "hint" in err

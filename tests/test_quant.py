@@ -1,0 +1,123 @@
+"""8-bit weights (engine.quant): quantization error bounds, closeness to fp32, loading, and `--weights int8`.
+
+Tolerances are measured on these tiny random-weight models (2 CPU threads, torch 2.13) with about 2x margin:
+the int8 logits differ from fp32 by at most ~0.05 (talker) / ~0.11 (predictor) of the logits' spread, and
+teacher-forced code agreement with fp32 was 0.96-1.0 (bf16: 0.97-1.0).
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from leapvox.engine.quant import (
+    DEQUANT_ROWS,
+    Int8Linear,
+    dequantize,
+    linear_weight_bytes,
+    quantizable_linears,
+    quantize_model,
+    quantize_weight,
+)
+
+from .conftest import FIXTURES
+
+
+def test_quantize_weight_error_is_at_most_half_a_step_per_row():
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(96, 40, generator=g) * (0.01 + 3 * torch.rand(96, 1, generator=g))  # rows of different ranges
+    codes, scales = quantize_weight(w)
+    assert codes.dtype == torch.int8 and codes.shape == w.shape and int(codes.abs().max()) <= 127
+    assert scales.shape == (96,)
+    err = (dequantize(codes, scales) - w).abs()
+    assert (err <= scales.float()[:, None] / 2 + 1e-7).all()
+    ratio = scales.float() * 127 / w.abs().amax(1)  # a step is ~1/127 of the row's largest weight
+    assert ((ratio > 0.99) & (ratio < 1.02)).all()
+
+
+@pytest.mark.parametrize("rows", [1, 4, DEQUANT_ROWS // 2, DEQUANT_ROWS // 2 + 1, 40])  # both kernels
+@pytest.mark.parametrize("bias", [False, True])
+def test_int8_linear_computes_with_the_dequantized_weight(rows, bias):
+    torch.manual_seed(0)
+    lin = nn.Linear(64, 48, bias=bias)
+    q = Int8Linear.from_linear(lin)
+    x = torch.randn(2, rows, 64)  # 2 * rows rows in the product
+    with torch.inference_mode():
+        out = q(x)
+    with torch.no_grad():
+        ref = F.linear(x.bfloat16().float(), dequantize(q.codes, q.scales), lin.bias)  # bf16 activations, W8
+    assert out.dtype == torch.float32 and out.shape == (2, rows, 48)
+    torch.testing.assert_close(out, ref, atol=0.02 * float(ref.abs().max()), rtol=0.0)
+
+
+def test_quantize_model_converts_talker_and_predictor_linears_only(tiny_model):
+    _, model = tiny_model
+    names = {n for n, m in model.named_modules() if isinstance(m, nn.Linear)}
+    before = linear_weight_bytes(model.talker.model) + linear_weight_bytes(model.talker.code_predictor)
+    summary = quantize_model(model, "int8")
+    converted = {n for n, m in model.named_modules() if isinstance(m, Int8Linear)}
+    # 2 talker layers x 7 + 2 predictor layers x 7 + 15 heads + the 64 -> 32 input projection
+    assert summary["layers"] == len(converted) == 44
+    assert names - converted == {"talker.codec_head", "talker.text_projection.linear_fc1",
+                                 "talker.text_projection.linear_fc2"}
+    assert all(isinstance(e.weight, nn.Parameter) for e in model.modules() if isinstance(e, nn.Embedding))
+    after = linear_weight_bytes(model.talker.model) + linear_weight_bytes(model.talker.code_predictor)
+    assert summary["bytes_after"] < summary["bytes_before"] / 3.5 and after < before / 3.5
+    assert not quantizable_linears(model)  # idempotent: nothing left to convert
+    assert quantize_model(model, "bf16")["layers"] == 0
+    with pytest.raises(ValueError, match="int4"):
+        quantize_model(model, "int4")
+
+
+@torch.inference_mode()
+def test_int8_logits_stay_close_to_fp32(tiny_model):
+    _, ref = tiny_model
+    q = copy.deepcopy(ref)
+    quantize_model(q, "int8")
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(1, 12, ref.talker.cfg.hidden_size, generator=g)
+    outs = []
+    for m in (ref, q):
+        m.talker.model.setup_cache(16)
+        h, logits = m.talker(x, 0)  # prefill: 12 rows (int8pack kernel)
+        cp = m.talker.code_predictor
+        cp.model.setup_cache(40)
+        rows = cp.prefill_rows(h[:, -1:], m.talker.embed_codec(torch.tensor([[7]])))
+        more = cp.embed(1, torch.arange(30)[None] % cp.cfg.vocab_size)  # 30 rows: the dequantize path
+        hp = cp.model(torch.cat([rows, more], dim=1), 0)
+        outs.append((logits, cp.lm_head[3](hp)))
+    for a, b, tol in ((outs[0][0], outs[1][0], 0.1), (outs[0][1], outs[1][1], 0.25)):
+        assert float((a - b).abs().max() / a.std()) < tol
+
+
+@pytest.mark.parametrize("ckpt", ["tiny-0b6", "tiny-1b7"])
+def test_int8_code_agreement_with_fp32(ckpt):
+    from leapvox.models.bench import code_agreement
+    from leapvox.models.checkpoint import load_model
+
+    ref, q = load_model(FIXTURES / ckpt), load_model(FIXTURES / ckpt, dtype="int8")
+    assert q.weights == "int8" and ref.weights == "fp32"
+    assert any(isinstance(m, Int8Linear) for m in q.tts.modules())
+    a = code_agreement(ref, q, "Hello world, this is a test.", frames=20, seed=1)
+    assert a["frames"] >= 10
+    for key in ("code0_greedy_agreement", "code0_sampled_agreement", "codes1_15_greedy_agreement",
+                "codes1_15_sampled_agreement"):
+        assert a[key] >= 0.9, (key, a)
+
+
+def test_speak_with_int8_weights_and_the_old_dtype_option(tmp_path, capsys):
+    from leapvox.app.cli import main
+
+    out = tmp_path / "a.wav"
+    base = ["speak", "Hello world.", "--model", str(FIXTURES / "tiny-0b6"), "--max-frames", "4", "--seed", "1"]
+    assert main([*base, "-o", str(out), "--weights", "int8"]) == 0
+    assert out.stat().st_size > 44
+    assert main([*base, "-o", str(tmp_path / "b.wav"), "--dtype", "bf16"]) == 0  # deprecated alias still works
+    with pytest.raises(SystemExit) as e:
+        main([*base, "-o", str(tmp_path / "c.wav"), "--weights", "int4"])
+    assert e.value.code == 2
+    assert "invalid choice" in capsys.readouterr().err
