@@ -1,4 +1,4 @@
-"""`leapvox export-coreml`: the talker and code predictor as Core ML assets (conversion runs on Linux too)."""
+"""`leapvox export-coreml`: talker, code predictor and codec decoder as Core ML assets (conversion runs on Linux)."""
 
 from __future__ import annotations
 
@@ -9,10 +9,11 @@ from pathlib import Path
 def add_commands(sub) -> None:
     e = sub.add_parser(
         "export-coreml",
-        help="export the talker and code predictor to Core ML (.mlpackage; runs on macOS 15)",
+        help="export the talker, code predictor and codec decoder to Core ML (.mlpackage; runs on macOS 15)",
         description="Convert a model to Core ML: the talker (prefill + decode) and the code predictor (prefill, ar, "
-        "fused draft + verify) as multifunction .mlpackage assets with shared weights, KV caches as states, fp16 "
-        "compute. Needs coremltools (pip install 'leapvox[coreml]'); running the assets needs macOS 15.",
+        "fused draft + verify) as multifunction .mlpackage assets with shared weights and KV caches as states, and "
+        "the codec decoder as a streaming step with its carried state; fp16 compute. Needs coremltools "
+        "(pip install 'leapvox[coreml]'); running the assets needs macOS 15.",
     )
     e.add_argument("--model", help="catalog name, Hub repo org/name[@revision] or checkpoint folder "
                    "(default: $LEAPVOX_MODEL)")
@@ -22,7 +23,9 @@ def add_commands(sub) -> None:
                    help="int8 per-channel weights with fp16 compute (default), or fp16 weights")
     e.add_argument("--prefill-len", type=int, default=256, help="talker prompt rows per prefill call (default 256)")
     e.add_argument("--context", type=int, default=2048, help="talker KV slots, prompt + frames (default 2048)")
-    e.add_argument("--parts", default="predictor,talker", help="comma-separated: predictor, talker (default both)")
+    e.add_argument("--parts", default="predictor,talker,codec",
+                   help="comma-separated: predictor, talker, codec (default all three)")
+    e.add_argument("--codec-chunk", type=int, default=4, help="frames per codec streaming call (default 4 = 320 ms)")
     e.set_defaults(func=cmd_export_coreml)
 
 
@@ -47,6 +50,7 @@ def cmd_export_coreml(args) -> int:
     if tree_file is None:
         tree, tree_file = load_tree(folder)
     settings = ExportSettings(weights=args.weights, prefill_len=args.prefill_len, context=args.context,
+                              codec_chunk=args.codec_chunk,
                               tree_paths=tuple(tree.paths()[1:]),
                               parts=tuple(p.strip() for p in args.parts.split(",") if p.strip()))
     try:

@@ -270,3 +270,130 @@ class PredictorSlots:
 
     def commit(self, slots: list[int]) -> None:
         self.committed.extend(slots)
+
+
+# ---------------------------------------------------------------------------------------------------- codec
+
+
+class CodecChunk(nn.Module):
+    """One streaming step of the 12 Hz codec decoder: codes [1, 16, C] (int32) + carried state -> wav
+    [1, 1, 1920 * C] + the next state, equal to `CodecStream.push` of the same C frames (to fp32 rounding).
+
+    The carried state is explicit inputs/outputs (`state_shapes()`, in order): each causal conv's last input
+    samples, each transposed conv's spill, each attention layer's last window-1 keys and values. The frame
+    counter stays on the host, which passes the RoPE cos/sin [C, D] and the window mask [C, W-1+C] for it
+    (`host_inputs`). Convolutions are plain conv1d here (the engine's im2col matmuls have no Core ML op)."""
+
+    def __init__(self, decoder, frames: int):
+        super().__init__()
+        self.dec, self.frames, cfg = decoder, frames, decoder.config
+        self.window, self.head_dim, self.theta = cfg.sliding_window, cfg.head_dim, cfg.rope_theta
+        q = decoder.quantizer
+        books = [layer._codebook for layer in (*q.rvq_first.vq.layers, *q.rvq_rest.vq.layers)]
+        # codebook rows as the engine forms them (embedding_sum / usage), one table per quantizer
+        self.register_buffer("books", torch.stack([b.embedding_sum / b.cluster_usage.clamp(min=1e-5)[:, None]
+                                                   for b in books]))  # [16, size, dim]
+        self._shapes: list[tuple[int, ...]] = []
+        self._state_in: list[torch.Tensor] = []
+        self._state_out: list[torch.Tensor] = []
+
+    # -- state plumbing: modules take their carried tensor in a fixed call order
+    def _take(self, shape: tuple[int, ...]) -> torch.Tensor:
+        i = len(self._state_out)
+        if self._state_in is None:  # shape discovery pass
+            self._shapes.append(shape)
+            return torch.zeros(shape)
+        return self._state_in[i]
+
+    def _conv(self, m, x: torch.Tensor) -> torch.Tensor:
+        c = m.conv
+        if m.pad:
+            x = torch.cat([self._take((1, x.shape[1], m.pad)), x], dim=-1)
+            self._state_out.append(x[..., -m.pad :])
+        return F.conv1d(x, c.weight, c.bias, dilation=m.dilation, groups=c.groups)
+
+    def _trans(self, m, x: torch.Tensor, length: int) -> torch.Tensor:
+        """Transposed conv over `length` input frames (a static int: no shape arithmetic in the traced graph)."""
+        w, c_out = m.conv.weight, m.conv.out_channels  # w: [C_in, C_out, k]
+        cols = (x.transpose(1, 2) @ w.flatten(1)).view(1, length, c_out, -1)  # [1, L, C_out, k]
+        y = cols[..., : m.stride]
+        if m.overlap:
+            tail = cols[..., m.stride :]  # [1, L, C_out, overlap]
+            spill = torch.cat([self._take((1, 1, c_out, m.overlap)), tail], dim=1)
+            self._state_out.append(spill[:, length:])
+            y = torch.cat([y[..., : m.overlap] + spill[:, :length], y[..., m.overlap :]], dim=-1)
+        return y.permute(0, 2, 1, 3).reshape(1, c_out, length * m.stride) + m.conv.bias[:, None]
+
+    def _attention(self, a, x, cos, sin, mask) -> torch.Tensor:
+        n, hd = self.frames, self.head_dim
+        q, k, v = (p(x).view(1, n, -1, hd).transpose(1, 2) for p in (a.q_proj, a.k_proj, a.v_proj))
+        q, k = _rope(q, cos, sin, hd), _rope(k, cos, sin, hd)
+        kv = torch.cat([self._take((2, 1, a.n_kv, self.window - 1, hd)), torch.stack([k, v])], dim=3)
+        self._state_out.append(kv[:, :, :, n:])
+        keys, values = kv[0], kv[1]
+        if a.n_kv != a.n_heads:
+            rep = a.n_heads // a.n_kv
+            keys = keys[:, :, None].expand(1, a.n_kv, rep, -1, hd).reshape(1, a.n_heads, -1, hd)
+            values = values[:, :, None].expand(1, a.n_kv, rep, -1, hd).reshape(1, a.n_heads, -1, hd)
+        scores = (q @ keys.transpose(-1, -2)) * hd**-0.5 + mask  # [1, H, C, W-1+C]
+        out = scores.softmax(-1) @ values
+        return a.o_proj(out.transpose(1, 2).reshape(1, n, -1))
+
+    def _convnext(self, m, x) -> torch.Tensor:
+        h = m.norm(self._conv(m.dwconv, x).transpose(1, 2))
+        return x + (m.gamma * m.pwconv2(F.gelu(m.pwconv1(h)))).transpose(1, 2)
+
+    def _unit(self, m, x) -> torch.Tensor:
+        return self._conv(m.conv2, m.act2(self._conv(m.conv1, m.act1(x)))) + x
+
+    def forward(self, codes, cos, sin, mask, *state):
+        self._state_in, self._state_out = list(state), []
+        return self._decode(codes, cos, sin, mask)
+
+    def _decode(self, codes, cos, sin, mask):
+        d, idx = self.dec, codes[0]  # [16, C]
+        rows = [self.books[i].index_select(0, idx[i]) for i in range(self.books.shape[0])]  # each [C, dim]
+        first, rest = rows[0], torch.stack(rows[1:]).sum(0)
+        q = d.quantizer
+        h = first @ q.rvq_first.output_proj.weight[..., 0].t() + rest @ q.rvq_rest.output_proj.weight[..., 0].t()
+        h = self._conv(d.pre_conv, h.t()[None]).transpose(1, 2)  # [1, C, latent]
+        pt = d.pre_transformer
+        x = pt.input_proj(h)
+        for layer in pt.layers:
+            x = x + layer.self_attn_layer_scale.scale * self._attention(
+                layer.self_attn, layer.input_layernorm(x), cos, sin, mask)
+            x = x + layer.mlp_layer_scale.scale * layer.mlp(layer.post_attention_layernorm(x))
+        h = pt.output_proj(pt.norm(x)).transpose(1, 2)  # [1, latent, C]
+        length = self.frames
+        for trans, convnext in d.upsample:
+            h = self._convnext(convnext, self._trans(trans, h, length))
+            length *= trans.stride
+        h = self._conv(d.decoder[0], h)
+        for block in d.decoder[1:-2]:
+            h = self._trans(block.block[1], block.block[0](h), length)
+            length *= block.block[1].stride
+            for unit in block.block[2:]:
+                h = self._unit(unit, h)
+        wav = self._conv(d.decoder[-1], d.decoder[-2](h)).clamp(-1.0, 1.0)
+        return (wav, *self._state_out)
+
+    def state_shapes(self) -> list[tuple[int, ...]]:
+        """Shapes of the carried tensors, in input/output order (found by one dry run)."""
+        if not self._shapes:
+            self._state_in, self._state_out = None, []
+            cos, sin, mask = self.host_inputs(0)
+            with torch.no_grad():
+                self._decode(torch.zeros(1, 16, self.frames, dtype=torch.int32), cos, sin, mask)
+        return list(self._shapes)
+
+    def initial_state(self) -> list[torch.Tensor]:
+        return [torch.zeros(s) for s in self.state_shapes()]
+
+    def host_inputs(self, start: int, dtype=torch.float32) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """cos, sin [C, D] for frames start..start+C-1 and the additive window mask [C, W-1+C]: query i sees keys
+        i..i+W-1 (key j holds frame start + j - (W-1)), of which those before frame 0 are masked."""
+        n, w = self.frames, self.window
+        cos, sin = rope_cos_sin(rope_inv_freq(self.head_dim, self.theta), torch.arange(start, start + n), dtype)
+        i, j = torch.arange(n)[:, None], torch.arange(w - 1 + n)[None, :]
+        allowed = (j >= i) & (j <= i + w - 1) & (j >= w - 1 - min(start, w - 1))
+        return cos, sin, additive_mask(allowed, dtype)

@@ -1,5 +1,6 @@
 """Core ML export: the talker (prefill + decode) and the code predictor (prefill, ar, verify) as multifunction
-.mlpackage assets with shared weights, KV caches as states (macOS 15), fp16 compute, W8A16 or fp16 weights.
+.mlpackage assets with shared weights, KV caches as states (macOS 15), and the codec decoder as one streaming
+step with its carried state as inputs/outputs; fp16 compute, W8A16 or fp16 weights.
 
 Assets land in `<leapvox coreml folder>/<model key>-<revision>-<settings>/` (see `leapvox paths`), written into
 a temporary folder beside it and renamed into place, with a manifest.json describing every function.
@@ -35,7 +36,7 @@ from leapvox.engine.spec import DEFAULT_TREE, DraftTree
 from leapvox.engine.talker import Talker
 
 WEIGHTS = ("w8a16", "fp16")
-PARTS = ("predictor", "talker")
+PARTS = ("predictor", "talker", "codec")
 MANIFEST = "manifest.json"
 FP16_MAX = 65504.0
 
@@ -51,6 +52,7 @@ class ExportSettings:
     context: int = 2048  # talker KV slots: prompt + frames
     tree_paths: tuple[tuple[int, ...], ...] = tuple(DEFAULT_TREE.paths()[1:])  # the verify function's draft tree
     drafts: int = 3  # K: draft depths computed per row (offsets b_1..b_K)
+    codec_chunk: int = 4  # frames per codec streaming call (4 = 320 ms of audio)
     parts: tuple[str, ...] = PARTS
 
     @property
@@ -60,7 +62,8 @@ class ExportSettings:
     def key(self) -> str:
         t = self.tree
         parts = "" if self.parts == PARTS else "-" + "+".join(self.parts)
-        return f"{self.weights}-p{self.prefill_len}-c{self.context}-n{t.size}d{t.max_depth}k{self.drafts}{parts}"
+        return (f"{self.weights}-p{self.prefill_len}-c{self.context}-n{t.size}d{t.max_depth}k{self.drafts}"
+                f"-f{self.codec_chunk}{parts}")
 
     def check(self) -> None:
         if self.weights not in WEIGHTS:
@@ -72,6 +75,8 @@ class ExportSettings:
             raise CoreMLExportError(f"unknown part {bad[0]!r}", hint=f"parts are {', '.join(PARTS)}")
         if self.tree.max_depth > 15 or self.drafts < 1:
             raise CoreMLExportError("the draft tree must be at most 15 deep and drafts at least 1")
+        if self.codec_chunk < 1:
+            raise CoreMLExportError(f"codec chunk of {self.codec_chunk} frames", hint="use 1 frame or more")
 
 
 def predictor_context(tree: DraftTree) -> int:
@@ -262,6 +267,23 @@ def talker_functions(talker: Talker, settings: ExportSettings, scales: dict[str,
     return out, state
 
 
+def codec_functions(decoder, settings: ExportSettings) -> dict[str, Function]:
+    """One streaming step of C frames with the carried state as explicit inputs (state{i}) and outputs."""
+    from leapvox.engine.coreml_wrappers import CodecChunk
+
+    chunk = CodecChunk(decoder, settings.codec_chunk)
+    shapes = chunk.state_shapes()
+    cos, sin, mask = chunk.host_inputs(0)
+    n = settings.codec_chunk
+    inputs = [("codes", (1, decoder.config.num_quantizers, n), "i32"), ("cos", tuple(cos.shape), "fp"),
+              ("sin", tuple(sin.shape), "fp"), ("mask", tuple(mask.shape), "fp")]
+    inputs += [(f"state{i}", s, "fp") for i, s in enumerate(shapes)]
+    codes = torch.zeros(1, decoder.config.num_quantizers, n, dtype=torch.int32)
+    example = (codes, cos, sin, mask, *chunk.initial_state())
+    outputs = ["wav"] + [f"next_state{i}" for i in range(len(shapes))]
+    return {"step": Function(chunk, example, inputs, outputs)}
+
+
 # ---------------------------------------------------------------------------------------------------- conversion
 
 
@@ -297,7 +319,7 @@ def convert_function(fn: Function, state_names: list[str], state: list[torch.Ten
         inputs=[ct.TensorType(name=n, shape=s, dtype=dtypes[d]) for n, s, d in fn.inputs],
         outputs=[ct.TensorType(name=n, dtype=np.float16) for n in fn.outputs],
         states=[ct.StateType(wrapped_type=ct.TensorType(shape=tuple(b.shape), dtype=np.float16), name=n)
-                for n, b in zip(state_names, state, strict=True)],
+                for n, b in zip(state_names, state, strict=True)] or None,
         minimum_deployment_target=ct.target.macOS15,
         compute_precision=ct.precision.FLOAT16,
         convert_to="mlprogram",
@@ -348,7 +370,7 @@ def export_part(part: str, fns: dict[str, Function], state: list[torch.Tensor], 
 
 
 def export_modules(talker: Talker, dest: Path, settings: ExportSettings, offsets: torch.Tensor | None = None,
-                   meta: dict | None = None, say: Callable[[str], None] = print) -> dict:
+                   meta: dict | None = None, say: Callable[[str], None] = print, codec=None) -> dict:
     """Export the parts of `talker` into `dest` (written in a temp folder beside it, then renamed)."""
     settings.check()
     ct = _coremltools()
@@ -382,6 +404,12 @@ def export_modules(talker: Talker, dest: Path, settings: ExportSettings, offsets
                 fns, state = talker_functions(talker, settings, scales)
                 names = fns["decode"].module.state_names()
                 manifest["parts"]["talker"] = export_part("talker", fns, state, names, settings.weights, work, say)
+            if "codec" in settings.parts and codec is not None:
+                if not hasattr(codec, "pre_transformer"):
+                    say("codec: only the Qwen 12 Hz codec decoder is exported; skipping this model's codec")
+                else:
+                    fns = codec_functions(codec, settings)
+                    manifest["parts"]["codec"] = export_part("codec", fns, [], [], settings.weights, work, say)
         manifest["bytes"] = dir_size(work)
         (work / MANIFEST).write_text(json.dumps(manifest, indent=1))
         if dest.exists():
@@ -406,7 +434,7 @@ def export_model(folder: Path, settings: ExportSettings, say: Callable[[str], No
     dest = export_dir(folder, settings)
     meta = {"model": str(Path(folder).resolve()), "revision": model_revision(folder),
             "offsets": str(opath) if opath else None}
-    return dest, export_modules(talker, dest, settings, offsets, meta, say)
+    return dest, export_modules(talker, dest, settings, offsets, meta, say, codec=model.codec)
 
 
 def human_bytes(n: float) -> str:
@@ -437,12 +465,15 @@ def inspect_package(path: Path) -> dict:
     spec = ct.utils.load_spec(str(path))
     dtype_name = MIL_pb2.DataType.Name
     out: dict = {"default": spec.description.defaultFunctionName, "functions": {}}
-    for f in spec.description.functions:
-        def arr(t):
-            return {"shape": list(t.multiArrayType.shape), "dtype": ct.proto.FeatureTypes_pb2.ArrayFeatureType
-                    .ArrayDataType.Name(t.multiArrayType.dataType)}
+    def arr(t):
+        return {"shape": list(t.multiArrayType.shape), "dtype": ct.proto.FeatureTypes_pb2.ArrayFeatureType
+                .ArrayDataType.Name(t.multiArrayType.dataType)}
 
-        out["functions"][f.name] = {
+    described = list(spec.description.functions)
+    if not described:  # a single-function package keeps its interface at the top of the description
+        described = [spec.description]
+    for f in described:
+        out["functions"][getattr(f, "name", "") or "main"] = {
             "inputs": {i.name: arr(i.type) for i in f.input},
             "outputs": [o.name for o in f.output],
             "states": {s.name: list(s.type.stateType.arrayType.shape) for s in f.state},

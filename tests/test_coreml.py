@@ -403,3 +403,53 @@ def test_coreml_predictions_match_the_wrappers(tiny_model, tmp_path):  # pragma:
     out = ml.predict(feed, state)
     ref, _ = calls["prefill"](torch.cat([h, c0], 1), i32([0, 1]), i32([0, 1]), mask, i32([0]))
     assert np.abs(out["logits"].astype(np.float32) - ref.detach().numpy()).max() < 0.05 * float(ref.std())
+
+
+# ------------------------------------------------------------------------------------------- codec
+
+
+@pytest.fixture(scope="module")
+def tiny_codec():
+    from leapvox.engine.codec import CodecConfig, CodecDecoder
+
+    from .test_codec import TINY, lively_init
+
+    m = CodecDecoder(CodecConfig.from_dict(TINY)).eval()
+    lively_init(m)
+    return m
+
+
+@torch.no_grad()
+def test_codec_chunk_equals_the_stream(tiny_codec):
+    """Chunks of 4 frames with the carried state as explicit tensors give CodecStream's audio, past the
+    72-frame attention window."""
+    from leapvox.engine.coreml_wrappers import CodecChunk
+
+    from .test_codec import random_codes
+
+    chunk = CodecChunk(tiny_codec, 4)
+    state = chunk.initial_state()
+    stream = tiny_codec.stream()
+    codes = random_codes(84)
+    worst = 0.0
+    for s in range(0, 84, 4):
+        ref = stream.push(codes[..., s : s + 4])
+        wav, *state = chunk(codes[..., s : s + 4].int(), *chunk.host_inputs(s), *state)
+        worst = max(worst, float((wav - ref).abs().max()))
+    assert worst < 1e-4, worst
+    assert all(torch.isfinite(m).all() for m in chunk.host_inputs(100))
+
+
+@pytest.mark.skipif(not __import__("os").environ.get("LEAPVOX_COREML_CODEC_TEST"),
+                    reason="the codec conversion takes about a minute; set LEAPVOX_COREML_CODEC_TEST=1 to run it")
+def test_export_codec_and_inspect(tiny_codec, tmp_path):
+    pytest.importorskip("coremltools", reason="coremltools is not installed (pip install 'leapvox[coreml]')")
+    from leapvox.models.coreml_export import codec_functions, export_part, inspect_package
+
+    fns = codec_functions(tiny_codec, ExportSettings())
+    export_part("codec", fns, [], [], "w8a16", tmp_path, lambda m: None)
+    f = inspect_package(tmp_path / "codec.mlpackage")["functions"]["main"]
+    n_state = len(fns["step"].module.state_shapes())
+    assert list(f["inputs"])[:4] == ["codes", "cos", "sin", "mask"] and len(f["inputs"]) == 4 + n_state
+    assert f["outputs"] == ["wav"] + [f"next_state{i}" for i in range(n_state)]
+    assert f["weights"].get("INT8", 0) >= 1 and f["off_ane_ops"] == []
