@@ -297,15 +297,18 @@ def _coremltools():
     return ct
 
 
-def convert_function(fn: Function, state_names: list[str], state: list[torch.Tensor], weights: str):
-    """Trace and convert one wrapper to an fp16-compute ML program (states as fp16 Core ML states)."""
+def convert_function(fn: Function, state_names: list[str], state: list[torch.Tensor], weights: str,
+                     fp32: bool = False):
+    """Trace and convert one wrapper to an fp16-compute ML program (states as fp16 Core ML states); `fp32` keeps
+    compute, inputs, outputs and states in fp32 (for a part whose activations do not fit fp16)."""
     ct = _coremltools()
     module = fn.module.eval()
     with torch.no_grad():
         traced = torch.jit.trace(module, fn.example, check_trace=False)
     for buf in state:  # tracing ran the in-place cache writes once
         buf.zero_()
-    dtypes = {"fp": np.float16, "i32": np.int32}
+    fp = np.float32 if fp32 else np.float16
+    dtypes = {"fp": fp, "i32": np.int32}
     pipeline = ct.PassPipeline.DEFAULT
     if weights == "w8a16":  # int8 per output channel, inside the conversion pipeline (no second pass over the model)
         op = ct.optimize.coreml.OpLinearQuantizerConfig(
@@ -317,11 +320,11 @@ def convert_function(fn: Function, state_names: list[str], state: list[torch.Ten
     ml = ct.convert(
         traced,
         inputs=[ct.TensorType(name=n, shape=s, dtype=dtypes[d]) for n, s, d in fn.inputs],
-        outputs=[ct.TensorType(name=n, dtype=np.float16) for n in fn.outputs],
-        states=[ct.StateType(wrapped_type=ct.TensorType(shape=tuple(b.shape), dtype=np.float16), name=n)
+        outputs=[ct.TensorType(name=n, dtype=fp) for n in fn.outputs],
+        states=[ct.StateType(wrapped_type=ct.TensorType(shape=tuple(b.shape), dtype=fp), name=n)
                 for n, b in zip(state_names, state, strict=True)] or None,
         minimum_deployment_target=ct.target.macOS15,
-        compute_precision=ct.precision.FLOAT16,
+        compute_precision=ct.precision.FLOAT32 if fp32 else ct.precision.FLOAT16,
         convert_to="mlprogram",
         pass_pipeline=pipeline,
         skip_model_load=True,
@@ -343,14 +346,15 @@ def dir_size(path: Path) -> int:
 
 
 def export_part(part: str, fns: dict[str, Function], state: list[torch.Tensor], state_names: list[str],
-                weights: str, work: Path, say: Callable[[str], None]) -> dict:
+                weights: str, work: Path, say: Callable[[str], None], fp32: bool = False) -> dict:
     """Convert every function of a part and merge them into one multifunction <part>.mlpackage in `work`."""
     single = {}
-    info = {"functions": {}, "states": {n: list(b.shape) for n, b in zip(state_names, state, strict=True)}}
+    info = {"compute": "fp32" if fp32 else "fp16", "functions": {},
+            "states": {n: list(b.shape) for n, b in zip(state_names, state, strict=True)}}
     for name, fn in fns.items():
         t0 = time.perf_counter()
         say(f"{part}: converting {name} ...")
-        ml = convert_function(fn, state_names, state, weights)
+        ml = convert_function(fn, state_names, state, weights, fp32)
         single[name] = work / f"{part}-{name}.single.mlpackage"
         ml.save(str(single[name]))
         dt = time.perf_counter() - t0
@@ -367,6 +371,16 @@ def export_part(part: str, fns: dict[str, Function], state: list[torch.Tensor], 
             shutil.rmtree(p)
     info["bytes"] = dir_size(dest)
     return info
+
+
+def _needs_fp32(part: str, stats: dict, say: Callable[[str], None]) -> bool:
+    """fp32 compute for a part whose measured activations come within 4x of fp16's largest value."""
+    risk = fp16_risk(stats)
+    if risk and not risk["activations_fit_fp16"]:
+        say(f"{part}: activations reach {risk['max_abs_activation']:.0f} (at {risk['at']}), too close to fp16's "
+            "65504: this part is converted with fp32 compute (it will run on the GPU or CPU, not the Neural Engine)")
+        return True
+    return False
 
 
 def export_modules(talker: Talker, dest: Path, settings: ExportSettings, offsets: torch.Tensor | None = None,
@@ -394,7 +408,7 @@ def export_modules(talker: Talker, dest: Path, settings: ExportSettings, offsets
                 fns, state = predictor_functions(cp, ht, settings, offsets, scales)
                 names = fns["ar"].module.state_names()
                 manifest["parts"]["predictor"] = export_part("predictor", fns, state, names, settings.weights, work,
-                                                             say)
+                                                             say, _needs_fp32("predictor", stats, say))
                 manifest["parts"]["predictor"]["tree_paths"] = [list(p) for p in settings.tree_paths]
             if "talker" in settings.parts:
                 stats = calibrate_talker(talker)
@@ -403,7 +417,8 @@ def export_modules(talker: Talker, dest: Path, settings: ExportSettings, offsets
                 manifest["numerics"]["talker"] = {"fp16": fp16_risk(stats), "norm_scales": scales}
                 fns, state = talker_functions(talker, settings, scales)
                 names = fns["decode"].module.state_names()
-                manifest["parts"]["talker"] = export_part("talker", fns, state, names, settings.weights, work, say)
+                manifest["parts"]["talker"] = export_part("talker", fns, state, names, settings.weights, work, say,
+                                                          _needs_fp32("talker", stats, say))
             if "codec" in settings.parts and codec is not None:
                 if not hasattr(codec, "pre_transformer"):
                     say("codec: only the Qwen 12 Hz codec decoder is exported; skipping this model's codec")

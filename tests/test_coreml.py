@@ -453,3 +453,13 @@ def test_export_codec_and_inspect(tiny_codec, tmp_path):
     assert list(f["inputs"])[:4] == ["codes", "cos", "sin", "mask"] and len(f["inputs"]) == 4 + n_state
     assert f["outputs"] == ["wav"] + [f"next_state{i}" for i in range(n_state)]
     assert f["weights"].get("INT8", 0) >= 1 and f["off_ane_ops"] == []
+
+
+def test_a_part_whose_activations_do_not_fit_fp16_is_kept_in_fp32():
+    from leapvox.models.coreml_export import _needs_fp32
+
+    said = []
+    assert _needs_fp32("predictor", {"model.layers.3.mlp.down_proj": {"max_abs_out": 3.0e4, "max_abs_in": 9.0}},
+                       said.append)
+    assert "fp32 compute" in said[0] and "model.layers.3.mlp.down_proj" in said[0]
+    assert not _needs_fp32("predictor", {"model.norm": {"max_abs_in": 40.0, "max_rms_in": 3.0}}, said.append)
