@@ -309,14 +309,6 @@ def convert_function(fn: Function, state_names: list[str], state: list[torch.Ten
         buf.zero_()
     fp = np.float32 if fp32 else np.float16
     dtypes = {"fp": fp, "i32": np.int32}
-    pipeline = ct.PassPipeline.DEFAULT
-    if weights == "w8a16":  # int8 per output channel, inside the conversion pipeline (no second pass over the model)
-        op = ct.optimize.coreml.OpLinearQuantizerConfig(
-            mode="linear_symmetric", dtype="int8", granularity="per_channel", weight_threshold=2048
-        )
-        pipeline.append_pass("compression::linear_quantize_weights")
-        pipeline.set_options("compression::linear_quantize_weights",
-                             {"config": ct.optimize.coreml.OptimizationConfig(global_config=op)})
     ml = ct.convert(
         traced,
         inputs=[ct.TensorType(name=n, shape=s, dtype=dtypes[d]) for n, s, d in fn.inputs],
@@ -326,10 +318,40 @@ def convert_function(fn: Function, state_names: list[str], state: list[torch.Ten
         minimum_deployment_target=ct.target.macOS15,
         compute_precision=ct.precision.FLOAT32 if fp32 else ct.precision.FLOAT16,
         convert_to="mlprogram",
-        pass_pipeline=pipeline,
         skip_model_load=True,
     )
+    if weights == "w8a16":
+        ml = ct.optimize.coreml.linear_quantize_weights(ml, w8a16_config(ml._mil_program))
     return ml
+
+
+WEIGHT_CONSUMERS = ("linear", "conv", "matmul")
+STACKED_HEADS = "heads"  # PredictorCall's LM heads, [15, V, Hc] after const folding: a scale per head and row
+
+
+def w8a16_config(program, threshold: int = 2048):
+    """int8 symmetric per-output-channel quantization for the weights of linear / conv / matmul ops and for the
+    stacked LM heads; everything else stays fp16 (RoPE tables, masks, offsets, codebooks, biases), by name."""
+    ct = _coremltools()
+    q = ct.optimize.coreml
+    per_channel = q.OpLinearQuantizerConfig(mode="linear_symmetric", dtype="int8", granularity="per_channel",
+                                            weight_threshold=threshold)
+    names: dict = {}
+    for fn in program.functions.values():
+        for op in fn.find_ops(op_type="const"):
+            val = op.outputs[0].val
+            if val is None or getattr(val, "size", 0) <= threshold:
+                continue
+            users = {c.op_type for c in op.outputs[0].child_ops}
+            if users & set(WEIGHT_CONSUMERS):
+                names[op.name] = per_channel
+            elif op.name.startswith(STACKED_HEADS) and val.ndim == 3:
+                names[op.name] = q.OpLinearQuantizerConfig(
+                    mode="linear_symmetric", dtype="int8", granularity="per_block", block_size=[1, 1, 0],
+                    weight_threshold=threshold)
+            else:
+                names[op.name] = None
+    return q.OptimizationConfig(global_config=None, op_name_configs=names)
 
 
 def _save_multifunction(paths: dict[str, Path], dest: Path, default: str) -> None:
