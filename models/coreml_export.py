@@ -492,8 +492,8 @@ OFF_ANE_OPS = frozenset({
 
 def inspect_package(path: Path) -> dict:
     """What an .mlpackage holds, read from its protobuf spec and MIL program (no Core ML runtime needed):
-    per function its inputs (shape, dtype), outputs, states, op-type counts, weight dtypes, fp32 ops and the
-    ops from OFF_ANE_OPS."""
+    per function its inputs (shape, dtype), outputs, states, op-type counts, weight dtypes, ops computing in fp32
+    (constants such as rsqrt's fp32 epsilon are not counted) and the ops from OFF_ANE_OPS."""
     from collections import Counter
 
     ct = _coremltools()
@@ -524,7 +524,7 @@ def inspect_package(path: Path) -> dict:
                 weights[dtype_name(op.inputs["data"].arguments[0].value.type.tensorType.dataType)] += 1
             elif op.type == "const" and op.attributes["val"].HasField("blobFileValue"):
                 weights[dtype_name(op.attributes["val"].type.tensorType.dataType)] += 1
-            fp32 += any(o.type.tensorType.dataType == MIL_pb2.FLOAT32 for o in op.outputs)
+            fp32 += op.type != "const" and any(o.type.tensorType.dataType == MIL_pb2.FLOAT32 for o in op.outputs)
         types = Counter(op.type for op in ops)
         info = out["functions"].setdefault(name, {})
         info.update(ops=dict(types), weights=dict(weights), fp32_ops=fp32,

@@ -376,6 +376,7 @@ def test_export_tiny_and_inspect_package(tmp_path):
             assert f["ops"].get("write_state", 0) == 2, "every function writes the layer's K and V"
             assert f["weights"].get("INT8", 0) >= 1, "W8A16: int8 weights"
             assert f["off_ane_ops"] == [], f"{name}: ops that would leave the Neural Engine"
+            assert f["fp32_ops"] == 0, f"{name}: everything computes in fp16"
     assert talk["functions"]["decode"]["ops"]["slice_update"] == 2  # one slot written at a dynamic index
     assert pred["functions"]["verify"]["states"]["k0"] == [1, 2, ctx, 8]
     assert talk["functions"]["decode"]["states"]["k0"] == [1, 2, 48, 16]
