@@ -11,6 +11,8 @@ import json
 import sys
 from pathlib import Path
 
+from leapvox.engine.modes import MODES
+
 
 def add_commands(sub) -> None:
     """Register `demo` (with build-data and wer) on the top-level subparsers."""
@@ -30,10 +32,15 @@ def add_commands(sub) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=cmd_build_data)
 
-    p = dsub.add_parser("wer", help="pocketsphinx WER of raw espeak and codec resynthesis on the test split")
+    p = dsub.add_parser("wer", help="pocketsphinx WER on the test split: raw espeak, codec resynthesis, models")
     p.add_argument("--data", required=True, type=Path, help="folder written by build-data")
     p.add_argument("-n", type=int, default=300, help="test sentences to score (default 300)")
     p.add_argument("--what", default="espeak,codec", help="comma list of: espeak, codec (default both)")
+    p.add_argument("--model", action="append", default=[],
+                   help="also score this model's synthesis (repeatable; sentence i sampled with seed i)")
+    p.add_argument("--mode", action="append", choices=MODES, help="decoding mode(s) for --model (default ar)")
+    p.add_argument("--window", type=int, help="windowed mode's window (default: the model's)")
+    p.add_argument("--weights", help="weight format for --model where supported (e.g. fp32, bf16, int8)")
     p.add_argument("--out", type=Path, help="also write the report with every hypothesis to this JSON file")
     p.add_argument("--workers", type=int, default=2)
     p.set_defaults(func=cmd_wer)
@@ -75,16 +82,27 @@ def cmd_build_data(args) -> int:
     return 0
 
 
+def _load_for_wer(name: str, weights: str | None):
+    from leapvox.models.checkpoint import load_model
+    from leapvox.models.hub import resolve_model_path
+
+    folder = resolve_model_path(name, pull=False)
+    return load_model(folder, **({"weights": weights} if weights else {}))
+
+
 def cmd_wer(args) -> int:
+    from dataclasses import replace
+
     import torch
 
     from leapvox.models.demo import quality
     from leapvox.models.demo.codec_fit import load_codec
 
     torch.set_num_threads(1)
-    texts = torch.load(args.data / "test.pt")["text"][: args.n]
+    split = torch.load(args.data / "test.pt")
+    texts = split["text"][: args.n]
     results, report = {}, {"sentences": len(texts)}
-    for what in args.what.split(","):
+    for what in [w for w in args.what.split(",") if w]:
         if what == "espeak":
             results[what] = quality.score_espeak(texts, args.workers)
         elif what == "codec":
@@ -93,8 +111,20 @@ def cmd_wer(args) -> int:
             print(f"leapvox: unknown --what {what!r} (espeak, codec)", file=sys.stderr)
             return 2
         report[what] = results[what].summary()
-    if "espeak" in results and "codec" in results:
-        report["codec_minus_espeak"] = quality.paired_delta(results["espeak"], results["codec"])
+    if args.model:
+        ref_frames = quality.canonical_frames(split, len(texts))
+    for name in args.model:
+        loaded = _load_for_wer(name, args.weights)
+        synth = loaded.synthesizer()
+        for mode in args.mode or ["ar"]:
+            key = f"{name}:{mode}" + (f":w{args.window}" if mode == "windowed" and args.window else "")
+            opts = replace(loaded.defaults, mode=mode, window=args.window or loaded.defaults.window)
+            results[key], extra = quality.score_model(texts, synth, opts, ref_frames, args.workers)
+            report[key] = dict(results[key].summary(), **extra)
+    first = next(iter(results), None)
+    for key in results:
+        if key != first:
+            report[f"{key} minus {first}"] = quality.paired_delta(results[first], results[key])
     print(json.dumps(report, indent=2))
     if args.out:
         full = dict(report, hypotheses={k: r.hyps for k, r in results.items()}, references=texts)

@@ -167,6 +167,42 @@ def score_codec(texts: list[str], codec, workers: int = 2) -> WerResult:
     return score_audio(texts, resynth, workers)
 
 
+def canonical_frames(split: dict, n: int) -> list[int]:
+    """Frames of the canonical espeak rendition of sentences 0..n-1 of a build-data split (the length reference)."""
+    from .data import CANONICAL
+
+    out = {}
+    for u in range(len(split["sentence"])):
+        s = int(split["sentence"][u])
+        if s < n and (int(split["speed"][u]), int(split["pitch"][u])) == CANONICAL:
+            out[s] = int(split["offsets"][u + 1] - split["offsets"][u])
+    return [out[s] for s in range(n)]
+
+
+def score_model(texts: list[str], synth, opts, ref_frames: list[int], workers: int = 2) -> tuple[WerResult, dict]:
+    """WER of a model's free-running synthesis (sentence i sampled with seed i), plus length and stop statistics."""
+    from dataclasses import replace
+
+    ratios, stops, t_audio, t_wall = [], {}, 0.0, 0.0
+
+    def make(text, i):
+        nonlocal t_audio, t_wall
+        r = synth.synthesize(text, replace(opts, seed=i))
+        ratios.append(len(r.codes) / ref_frames[i])
+        stops[r.stats.stop_reason] = stops.get(r.stats.stop_reason, 0) + 1
+        t_audio, t_wall = t_audio + r.duration_s, t_wall + r.elapsed_s
+        if (i + 1) % 25 == 0:
+            log(f"synthesised {i + 1}/{len(texts)}")
+        return r.audio, r.sample_rate
+
+    result = score_audio(texts, make, workers)
+    r = np.array(ratios)
+    extra = {"duration_ratio_median": round(float(np.median(r)), 3),
+             "within_20pct": round(float((np.abs(r - 1) <= 0.2).mean()), 3), "stop_reasons": stops,
+             "xrt": round(t_audio / max(t_wall, 1e-9), 2)}
+    return result, extra
+
+
 def score_codes(texts: list[str], codes: list[torch.Tensor], codec, workers: int = 2) -> WerResult:
     """Decode stored codes [T, 16] (e.g. the dataset's, or a model's output) and score them."""
     return score_audio(texts, lambda t, i: (codec(codes[i].long().t()[None])[0, 0].numpy(), 24000), workers)
