@@ -1,0 +1,65 @@
+"""The bundled demo model: present, small, the default --model, and it speaks offline through the real CLI.
+
+These tests load the shipped weights; the model's quality (WER) is measured by `leapvox demo wer`, outside CI,
+and recorded in its model card."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import wave
+from dataclasses import replace
+
+import pytest
+
+from leapvox.models.catalog import CATALOG, DEMO_DIR, bundled_ready, default_model
+
+pytestmark = pytest.mark.skipif(shutil.which("espeak-ng") is None,
+                                reason="the demo model's text front end needs the espeak-ng program (apt install "
+                                       "espeak-ng); .ci/run installs it")
+
+
+def test_bundled_demo_is_complete_small_and_default(monkeypatch):
+    assert bundled_ready(CATALOG["demo"])
+    for name in ("config.json", "generation_config.json", "model.safetensors", "vocab.json", "merges.txt",
+                 "tokenizer_config.json", "speech_tokenizer/config.json", "speech_tokenizer/model.safetensors",
+                 "README.md"):
+        assert (DEMO_DIR / name).is_file(), name
+    size = sum(p.stat().st_size for p in DEMO_DIR.rglob("*") if p.is_file())
+    assert size < 40 * 2**20, f"bundled demo model is {size / 2**20:.1f} MiB"
+    cfg = json.loads((DEMO_DIR / "config.json").read_text())
+    assert cfg["tts_model_type"] == "custom_voice" and cfg["leapvox_text_frontend"] == "espeak-ng-ipa"
+    monkeypatch.delenv("LEAPVOX_MODEL", raising=False)
+    assert default_model() == "demo"
+    monkeypatch.setenv("LEAPVOX_MODEL", "/somewhere/else")
+    assert default_model() == "/somewhere/else"
+
+
+def test_speak_without_model_uses_the_demo_offline(tmp_path, monkeypatch, capsys):
+    from leapvox.app.cli import main
+
+    monkeypatch.delenv("LEAPVOX_MODEL", raising=False)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))  # nothing cached: the demo needs no download
+    # the parser reads the default when it is built, so build it after the environment is set
+    out = tmp_path / "hello.wav"
+    assert main(["speak", "Hello world.", "-o", str(out), "--seed", "0"]) == 0
+    with wave.open(str(out)) as w:
+        assert (w.getframerate(), w.getnchannels(), w.getsampwidth()) == (24000, 1, 2)
+        seconds = w.getnframes() / 24000
+    assert 0.4 < seconds < 4.0  # "Hello world." is about 1 s; the guard would stop a runaway at ~2.4 s + 1 s/token
+    assert "guard" not in capsys.readouterr().err
+
+
+def test_demo_stops_by_itself_with_plausible_lengths():
+    """Seeded sampling, default settings: every utterance ends on the end-of-speech code, longer text longer."""
+    from leapvox.models.checkpoint import load_model
+
+    m = load_model(DEMO_DIR)
+    synth = m.synthesizer()
+    short = synth.synthesize("Good morning.", replace(m.defaults, seed=1))
+    long = synth.synthesize("The quick brown fox jumps over the lazy dog, and then it runs far away into the "
+                            "woods.", replace(m.defaults, seed=1))
+    assert short.stats.stop_reason == long.stats.stop_reason == "eos"
+    assert long.duration_s > 2 * short.duration_s
+    assert 0.1 < abs(long.audio).max() <= 1.0  # audible, not clipped
