@@ -1,4 +1,5 @@
-"""Static-shape export wrappers of the talker and the code predictor (plain torch modules, traced for Core ML).
+"""Static-shape export wrappers of the talker, the code predictor and the codec decoder (plain torch modules,
+traced for Core ML).
 
 They reuse the engine's modules (so the weights are the same tensors) and recompute what the engine computes
 in a form Core ML admits:
@@ -18,6 +19,9 @@ verify logits come from LM head k + d_r on its hidden h_r, and its K draft logit
 h_r + b_{k+d_r, j} (j = 1..K; spec.py's drafting from the node where a walk stops). One call therefore verifies
 a tree and drafts the next one. Rows are written at host-chosen cache slots (`slots`), so accepted rows never
 move: the host marks them committed in the next mask (`PredictorSlots`).
+
+The codec decoder (`CodecChunk`) is one streaming step of C frames whose carried state (conv tails, spills,
+attention windows) is explicit inputs and outputs.
 """
 
 from __future__ import annotations
