@@ -180,14 +180,17 @@ def canonical_frames(split: dict, n: int) -> list[int]:
 
 
 def score_model(texts: list[str], synth, opts, ref_frames: list[int], workers: int = 2) -> tuple[WerResult, dict]:
-    """WER of a model's free-running synthesis (sentence i sampled with seed i), plus length and stop statistics."""
+    """WER of a model's free-running synthesis (sentence i sampled with seed i), plus length and stop statistics.
+
+    Each utterance is capped at 3x its reference length + 20 frames (a run-away counts as stop reason
+    max_frames), so one lost generation cannot stall the evaluation."""
     from dataclasses import replace
 
     ratios, stops, t_audio, t_wall = [], {}, 0.0, 0.0
 
     def make(text, i):
         nonlocal t_audio, t_wall
-        r = synth.synthesize(text, replace(opts, seed=i))
+        r = synth.synthesize(text, replace(opts, seed=i, max_frames=min(opts.max_frames, 3 * ref_frames[i] + 20)))
         ratios.append(len(r.codes) / ref_frames[i])
         stops[r.stats.stop_reason] = stops.get(r.stats.stop_reason, 0) + 1
         t_audio, t_wall = t_audio + r.duration_s, t_wall + r.elapsed_s
