@@ -53,6 +53,7 @@ def add_commands(sub) -> None:
     p.add_argument("--save-every", type=int, default=500, help="checkpoint + export every N steps")
     p.add_argument("--size", choices=["small", "base", "tiny"], default="small")
     p.add_argument("--threads", type=int, help="torch threads (default: torch's choice)")
+    p.add_argument("--device", help="cpu, cuda, cuda:1 ... (default: CUDA when present, else CPU)")
     p.set_defaults(func=cmd_train)
 
 
@@ -60,7 +61,8 @@ def cmd_train(args) -> int:
     from leapvox.models.demo.train import train
 
     out = train(str(args.data), str(args.out), steps=args.steps, batch=args.batch, save_every=args.save_every,
-                size=args.size, threads=args.threads, log=lambda m: print(m, file=sys.stderr, flush=True))
+                size=args.size, threads=args.threads, device=args.device,
+                log=lambda m: print(m, file=sys.stderr, flush=True))
     print(out)
     return 0
 

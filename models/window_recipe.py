@@ -86,7 +86,7 @@ def distill_losses(student, teacher, cfg, batch, window: float, tau: float, alph
     from leapvox.models.demo.train import make_batch, pick_frames, predictor_logits
 
     x, target, starts, frames = make_batch(student, cfg, batch)
-    h = student.talker.model.forward_train(x, dropout, window_bias(starts, x.shape[1], window, tau))
+    h = student.talker.model.forward_train(x, dropout, window_bias(starts, x.shape[1], window, tau).to(x.device))
     with torch.no_grad():
         xt = make_batch(teacher, cfg, batch)[0]
         ht = teacher.talker.model.forward_train(xt)
@@ -114,7 +114,7 @@ def heldout_ce(model, cfg, examples, window: int | None, batch: int = 16) -> dic
     for i in range(0, len(examples), batch):
         chunk = examples[i : i + batch]
         x, target, starts, frames = make_batch(model, cfg, chunk)
-        bias = None if window is None else window_bias(starts, x.shape[1], window)
+        bias = None if window is None else window_bias(starts, x.shape[1], window).to(x.device)
         h = model.talker.model.forward_train(x, 0.0, bias)
         on = target.flatten() != -100
         tot0 += F.cross_entropy(model.talker.codec_head(h).flatten(0, 1)[on], target.flatten()[on],

@@ -60,7 +60,7 @@ class Example:
     codes: torch.Tensor  # [F, 16] int64
 
 
-def make_batch(model: TTSModel, cfg: TTSConfig, batch: list[Example], device="cpu", speaker: str = SPEAKER,
+def make_batch(model: TTSModel, cfg: TTSConfig, batch: list[Example], speaker: str = SPEAKER,
                language: str = LANGUAGE):
     """Input embeddings [B, S, H], code-0 targets [B, S] (-100 = no loss) and frame bookkeeping: `starts[b]` is
     the prompt length L of example b (its frame k sits at row L + k, as in engine.prompt's non-streaming layout)."""
@@ -94,12 +94,15 @@ def make_batch(model: TTSModel, cfg: TTSConfig, batch: list[Example], device="cp
         target[b, L - 1 : L - 1 + f] = e.codes[:, 0]
         target[b, L - 1 + f] = tc.codec_eos_token_id
         starts.append(L)
+    dev = talker.device  # built on the host, embedded where the model lives (CPU or CUDA)
+    text, text_on, codec, codec_on = text.to(dev), text_on.to(dev), codec.to(dev), codec_on.to(dev)
+    frames, frame_on, target = frames.to(dev), frame_on.to(dev), target.to(dev)
     x = torch.where(text_on[..., None], talker.embed_text(text), 0.0)
     x = x + torch.where(codec_on[..., None], talker.embed_codec(codec), 0.0)
     tables = talker.code_predictor.model.codec_embedding
     fsum = talker.embed_codec(frames[..., 0]) + sum(tables[g](frames[..., g + 1]) for g in range(15))
     x = x + torch.where(frame_on[..., None], fsum, 0.0)
-    return x.to(device), target.to(device), starts, frames
+    return x, target, starts, frames
 
 
 def pick_frames(batch: list[Example], fraction: float, rng) -> list[tuple[int, int]]:
@@ -114,8 +117,8 @@ def predictor_logits(model: TTSModel, h: torch.Tensor, starts: list[int], frames
     The predictor's rows are [h_{L-1+k}, C(c0_k), E(c1..c14)]: the talker hidden that produced code 0 of frame k."""
     talker = model.talker
     cp = talker.code_predictor
-    bi = torch.tensor([b for b, _ in picks])
-    ki = torch.tensor([starts[b] + k for b, k in picks])
+    bi = torch.tensor([b for b, _ in picks], device=h.device)
+    ki = torch.tensor([starts[b] + k for b, k in picks], device=h.device)
     codes = frames[bi, ki]  # [M, 16]
     rows = [cp.prefill_rows(h[bi, ki - 1][:, None], talker.embed_codec(codes[:, :1]))]
     rows += [cp.embed(g, codes[:, g : g + 1]) for g in range(1, 15)]
@@ -169,7 +172,7 @@ def export(model: TTSModel, cfg_dict: dict, tok_dir: Path, codec_dir: Path, out:
     from safetensors.torch import save_file
 
     out.mkdir(parents=True, exist_ok=True)
-    state = {k: v.detach().to(torch.bfloat16).contiguous() for k, v in model.state_dict().items()}
+    state = {k: v.detach().to("cpu", torch.bfloat16).contiguous() for k, v in model.state_dict().items()}
     save_file(state, str(out / "model.safetensors"), metadata={k: str(v) for k, v in meta.items()})
     (out / "config.json").write_text(json.dumps(cfg_dict, indent=1))
     gen = {"do_sample": True, "temperature": 0.8, "top_k": 50, "top_p": 1.0, "repetition_penalty": 1.05,
@@ -186,8 +189,8 @@ def export(model: TTSModel, cfg_dict: dict, tok_dir: Path, codec_dir: Path, out:
 
 def train(data_dir: str, out_dir: str, steps: int = 20000, batch: int = 16, lr: float = 1e-3,
           dropout: float = 0.1, cp_fraction: float = 0.25, save_every: int = 500, seed: int = 0,
-          threads: int | None = None, size: str = "small", log=print) -> Path:
-    """Train (or resume) the demo model; returns the exported folder."""
+          threads: int | None = None, size: str = "small", device: str | None = None, log=print) -> Path:
+    """Train (or resume) the demo model on `device` (default: CUDA when present, else CPU); returns the export."""
     from leapvox.models.tokenizer import TextTokenizer
 
     if threads:
@@ -201,13 +204,14 @@ def train(data_dir: str, out_dir: str, steps: int = 20000, batch: int = 16, lr: 
     cfg_dict = demo_config(ids["vocab_size"], ids["special"], ids["assistant"], size)
     cfg = TTSConfig.from_dict(cfg_dict)
     torch.manual_seed(seed)
-    model = TTSModel(cfg.talker)
+    device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    model = TTSModel(cfg.talker).to(device)
     examples = load_examples(data, "train", tokenizer)
     held_out = load_examples(data, "test", tokenizer)[:64]
     opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.98), weight_decay=0.01)
     step, state = 0, out / "state.pt"
     if state.is_file():
-        s = torch.load(state, weights_only=False)
+        s = torch.load(state, weights_only=False, map_location=device)
         model.load_state_dict(s["model"])
         opt.load_state_dict(s["opt"])
         step = s["step"]
@@ -217,7 +221,7 @@ def train(data_dir: str, out_dir: str, steps: int = 20000, batch: int = 16, lr: 
     buckets = [examples[i : i + batch] for i in range(0, len(examples), batch)]
     longest = [max(len(e.codes) for e in b) for b in buckets]
     n_params = sum(p.numel() for p in model.parameters())
-    log(f"{len(examples)} training utterances, {len(held_out)} held-out, {n_params:,} params")
+    log(f"{len(examples)} training utterances, {len(held_out)} held-out, {n_params:,} params, on {device}")
     t0 = time.time()
     while step < steps:
         model.train()
