@@ -14,7 +14,7 @@ from leapvox.engine.modes import MODES
 from leapvox.models.catalog import default_model
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
-DEFAULT_WEIGHTS = "fp32"  # --weights default (README 'Weights': measured speed and fidelity per format)
+DEFAULT_WEIGHTS = "int8"  # --weights default: the fastest on CPU, fidelity measured (README "Weights and CPU speed")
 
 
 class UsageError(Exception):
@@ -115,7 +115,7 @@ def _model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--weights", dest="dtype", choices=["fp32", "bf16", "int8"], default=DEFAULT_WEIGHTS,
         help=f"weight format: fp32, bf16, or int8 (8-bit talker and predictor weights, bf16 activations; "
-        f"see README 'Weights') (default {DEFAULT_WEIGHTS})",
+        f"see README 'Weights and CPU speed') (default {DEFAULT_WEIGHTS})",
     )
     p.add_argument("--dtype", dest="dtype", choices=["fp32", "bf16"], help=argparse.SUPPRESS)  # old name of --weights
 

@@ -72,6 +72,11 @@ class Int8Linear(nn.Module):
         y = y.to(x.dtype).reshape(*shape[:-1], self.out_features)
         return y if self.bias is None else y + self.bias
 
+    @property
+    def weight(self) -> torch.Tensor:
+        """The fp32 weight the codes stand for (computed on each access), for code that reads `.weight`."""
+        return dequantize(self.codes, self.scales)
+
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
 

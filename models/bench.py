@@ -16,6 +16,7 @@ Measured per weight format, each in a fresh worker process (clean peak memory), 
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import os
@@ -472,6 +473,8 @@ def _worker_main(argv: list[str]) -> int:
     folder, weights, frames, repeats, modes = argv
     out = measure_format(Path(folder), weights, int(frames), int(repeats), tuple(m for m in modes.split(",") if m))
     print(json.dumps(out))
+    with contextlib.suppress(OSError):  # also kept beside the checkpoint: a run cut short leaves what it measured
+        (Path(folder) / f"last-{weights}.json").write_text(json.dumps(out))
     return 0
 
 
@@ -573,7 +576,7 @@ def table(result: dict) -> str:
     bw = next(iter(fmts.values()))["bandwidth"]["read_gb_s"] if fmts else 0.0
     lines.append(f"{result['model']}  {result['frames']} frames, {result['repeats']} repeat(s), "
                  f"{result['threads']} threads, read bandwidth {bw:.1f} GB/s; times are the minimum over repeats")
-    head = f"{'per 80 ms frame':<34}" + "".join(f"{w:>12}" for w in fmts)
+    head = f"{'per 80 ms frame':<34}" + "".join(f"{w:>18}" for w in fmts)
     off = result.get("official", {})
     head += "".join(f"{'official ' + d:>16}" for d in off)
     lines.append(head)
@@ -585,7 +588,7 @@ def table(result: dict) -> str:
                 cells.append(fmt.format(get(rec)))
             except (KeyError, TypeError):
                 cells.append("-")
-        line = f"{label:<34}" + "".join(f"{c:>12}" for c in cells)
+        line = f"{label:<34}" + "".join(f"{c:>18}" for c in cells)
         if official:
             for rec in off.values():
                 try:

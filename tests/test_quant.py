@@ -51,6 +51,7 @@ def test_int8_linear_computes_with_the_dequantized_weight(rows, bias):
     with torch.no_grad():
         ref = F.linear(x.bfloat16().float(), dequantize(q.codes, q.scales), lin.bias)  # bf16 activations, W8
     assert out.dtype == torch.float32 and out.shape == (2, rows, 48)
+    assert torch.equal(q.weight, dequantize(q.codes, q.scales))  # for code that reads .weight (spec recipes)
     torch.testing.assert_close(out, ref, atol=0.02 * float(ref.abs().max()), rtol=0.0)
 
 
