@@ -89,7 +89,7 @@ def _load_for_wer(name: str, weights: str | None):
     from leapvox.models.hub import resolve_model_path
 
     folder = resolve_model_path(name, pull=False)
-    return load_model(folder, **({"weights": weights} if weights else {}))
+    return load_model(folder, weights or "fp32")
 
 
 def cmd_wer(args) -> int:
