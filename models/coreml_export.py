@@ -466,7 +466,7 @@ def export_model(folder: Path, settings: ExportSettings, say: Callable[[str], No
     model = load_model(folder, dtype="fp32")
     talker = model.tts.talker
     offsets, opath = load_offsets(folder, talker.code_predictor.cfg.hidden_size)
-    if offsets is None:
+    if offsets is None and "predictor" in settings.parts:
         say("no trained spec offsets for this model: the verify function drafts with zero offsets")
     dest = export_dir(folder, settings)
     meta = {"model": str(Path(folder).resolve()), "revision": model_revision(folder),
