@@ -473,8 +473,9 @@ def _worker_main(argv: list[str]) -> int:
     folder, weights, frames, repeats, modes = argv
     out = measure_format(Path(folder), weights, int(frames), int(repeats), tuple(m for m in modes.split(",") if m))
     print(json.dumps(out))
-    with contextlib.suppress(OSError):  # also kept beside the checkpoint: a run cut short leaves what it measured
-        (Path(folder) / f"last-{weights}.json").write_text(json.dumps(out))
+    if Path(folder).resolve().parent == bench_root().resolve():  # our own random checkpoint, never a user's folder
+        with contextlib.suppress(OSError):  # a run cut short leaves what it measured
+            (Path(folder) / f"last-{weights}.json").write_text(json.dumps(out))
     return 0
 
 

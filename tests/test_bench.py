@@ -110,3 +110,9 @@ def test_cli_rejects_unknown_formats(capsys):
     assert main(["bench", "--weights", "fp32,int4"]) == 2
     err = capsys.readouterr().err
     assert "int4" in err and "hint" in err
+
+
+def test_worker_process_returns_the_same_record(tiny_folder):
+    rec = bench.run_format(tiny_folder, "int8", frames=2, repeats=1, modes=["ar"], isolate=True)
+    assert rec["weights"] == "int8" and set(rec["modes"]) == {"ar"} and rec["modes"]["ar"]["frames"] >= 1
+    assert not (tiny_folder / "last-int8.json").exists()  # nothing written into a folder we were only given
