@@ -134,7 +134,7 @@ def load_weights(module: nn.Module, tensors: dict[str, tuple[torch.Tensor, Path]
                 f"tensor {prefix}{key} in {f} has shape {list(t.shape)}, config.json implies {list(ref.shape)}",
                 hint="the file does not match config.json; download the model again",
             )
-        state[key] = t.to(dtype) if t.is_floating_point() else t
+        state[key] = t.to(dtype) if dtype is not None and t.is_floating_point() else t  # None: as stored
     module.load_state_dict(state, strict=True, assign=True)
 
 
@@ -231,11 +231,18 @@ def load_model(path: str | Path, dtype: str | torch.dtype = torch.float32, devic
     speech = folder / "speech_tokenizer"
     with torch.device("meta"):
         tts = TTSModel(cfg.talker)
-    load_weights(tts, read_tensors(_weight_files(folder, "model")), "", dtype)
+    tensors = read_tensors(_weight_files(folder, "model"))
+    if weights == "int8":  # quantize from the file's own dtype (no fp32 copy of every weight), then fp32 the rest
+        load_weights(tts, tensors, "", None)
+        del tensors
+        quantize_model(tts, "int8")
+        for p in tts.parameters():
+            p.data = p.data.float()
+    else:
+        load_weights(tts, tensors, "", dtype)
+        del tensors
     codec, sample_rate = load_codec(speech, dtype)
     tts.to(device).eval()
-    if weights == "int8":
-        quantize_model(tts, "int8")
     codec.to(device).eval()
     tokenizer = TextTokenizer(folder, frontend=text_frontend(read_json(folder / "config.json")))
     defaults = generation_defaults(folder)
