@@ -69,5 +69,12 @@ rm -rf "$REPO/dist/leapvox"
 (cd "$REPO" && "$VENV/bin/pyinstaller" --noconfirm --clean --log-level WARN \
   --distpath "$REPO/dist" --workpath "$REPO/build/pyinstaller" "$HERE/leapvox.spec")
 
+if [ "$(uname -s)" = Linux ] && command -v strip >/dev/null; then
+  # torch's own libraries carry ~100 MB of symbols. Only these: stripping auditwheel-patched libraries (numpy's
+  # OpenBLAS) breaks them, which is why the spec does not strip everything.
+  step "strip torch's shared libraries"
+  strip --strip-unneeded "$REPO"/dist/leapvox/_internal/torch/lib/lib*.so*
+fi
+
 step "done in $(( $(date +%s) - start )) s: $REPO/dist/leapvox ($(du -sh "$REPO/dist/leapvox" | cut -f1))"
 echo "try: $REPO/dist/leapvox/leapvox doctor; test it: bash packaging/smoke.sh dist/leapvox" >&2
