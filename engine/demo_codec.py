@@ -215,8 +215,9 @@ class DemoCodec(nn.Module):
         memory-light (about 2 MB per 100 frames), so this is the one-shot decode; the chunk arguments are unused."""
         return self.decode(codes)
 
-    def stream(self) -> DemoCodecStream:
-        """A fresh incremental decoder; see DemoCodecStream."""
+    def stream(self, official_chunking: bool = False) -> DemoCodecStream:
+        """A fresh incremental decoder; see DemoCodecStream. Same signature as CodecDecoder.stream: the demo codec
+        has no reference chunking to imitate, so `official_chunking` changes nothing here."""
         return DemoCodecStream(self)
 
 

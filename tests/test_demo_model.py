@@ -63,3 +63,16 @@ def test_demo_stops_by_itself_with_plausible_lengths():
     assert short.stats.stop_reason == long.stats.stop_reason == "eos"
     assert long.duration_s > 2 * short.duration_s
     assert 0.1 < abs(long.audio).max() <= 1.0  # audible, not clipped
+
+
+def test_demo_streams_like_the_tui_and_play_do():
+    """stream_speech (behind speak --play and the TUI) runs on the demo codec's streaming decoder."""
+    import numpy as np
+
+    from leapvox.engine.streaming import stream_speech
+    from leapvox.models.checkpoint import load_model
+
+    m = load_model(DEMO_DIR)
+    chunks = list(stream_speech(m.synthesizer(), "Hello there. How are you today?", replace(m.defaults, seed=2)))
+    audio = np.concatenate([c.audio for c in chunks])
+    assert len(chunks) >= 2 and len(audio) > 24000 // 2 and np.isfinite(audio).all()

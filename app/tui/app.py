@@ -116,6 +116,8 @@ class LeapvoxApp(App):
             self.post_message(ModelReady(model))
         except LeapvoxError as e:
             self.post_message(ModelFailed(str(e) + (f" ({e.hint})" if e.hint else "")))
+        except Exception as e:  # never stay on "loading..." without a word
+            self.post_message(ModelFailed(f"internal error: {type(e).__name__}: {e}"))
 
     @staticmethod
     def _warm_up(model) -> None:
