@@ -94,7 +94,8 @@ def test_first_pull_list_info_verify_and_offline_reuse(hub, cli):
     assert p.returncode == 0
     row = next(ln for ln in p.stdout.splitlines() if ln.startswith("tiny "))
     assert "downloaded" in row and "3.4 MB" in row
-    assert "not bundled yet" in next(ln for ln in p.stdout.splitlines() if ln.startswith("demo "))
+    demo = next(ln for ln in p.stdout.splitlines() if ln.startswith("demo "))
+    assert " bundled " in demo and "not bundled" not in demo  # shipped as package data
 
     p = cli("models", "info", "tiny")
     assert p.returncode == 0 and f"revision     {hub.commit}" in p.stdout and str(cli.snapshot) in p.stdout
