@@ -150,8 +150,9 @@ def train_window(model_path: str, data_dir: str, out_dir: str, window: int, step
     torch.manual_seed(seed)
     loaded = load_model(model_path)
     cfg, teacher = loaded.config, loaded.tts.eval()
-    if cfg.talker.spk_id.keys() != {"leap"}:
-        log("note: the training batches use the demo prompt (speaker 'leap', language 'english')")
+    if "leap" not in cfg.talker.spk_id or "english" not in cfg.talker.codec_language_id:
+        raise InputError("train-window builds the demo model's prompt (speaker 'leap', language 'english'), "
+                         "which this model does not have", hint="adapt the demo model, or a model trained like it")
     student = copy.deepcopy(teacher).train()
     for p in teacher.parameters():
         p.requires_grad_(False)
