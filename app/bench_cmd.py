@@ -13,7 +13,8 @@ MODES = ("ar", "spec", "windowed")
 
 def add_commands(sub) -> None:
     b = sub.add_parser(
-        "bench", help="benchmark modes and weight formats on a full-size random-weight model (table, JSON, plots)",
+        "bench",
+        help="benchmark modes and weight formats on a full-size random-weight model (table, JSON, plots)",
         description="Build (once, in leapvox's data folder) a random-weight checkpoint of the official architecture "
         "and measure per frame the talker step, code-predictor calls (ar and verify at N = 4..64), codec decode, "
         "overheads, xRT, time to first audio, peak memory and each call's time over its memory-bandwidth floor.",
@@ -24,8 +25,11 @@ def add_commands(sub) -> None:
     b.add_argument("--modes", default=",".join(MODES), help="comma-separated decoding modes (default all)")
     b.add_argument("--frames", type=int, default=25, help="frames per utterance and per timing series (default 25)")
     b.add_argument("--repeats", type=int, default=3, help="repetitions; the minimum time is reported (default 3)")
-    b.add_argument("--vs-official", action="store_true",
-                   help="also run the official qwen-tts on the same checkpoint (needs the reference virtualenv)")
+    b.add_argument(
+        "--vs-official",
+        action="store_true",
+        help="also run the official qwen-tts on the same checkpoint (needs the reference virtualenv)",
+    )
     b.add_argument("--json", type=Path, default=Path("bench.json"), help="where to write the raw numbers")
     b.add_argument("--no-plots", action="store_true", help="do not write the PNG plots")
     b.set_defaults(func=cmd_bench)

@@ -32,82 +32,217 @@ import torch
 BENCH_VERSION = 1  # bump when the checkpoint recipe changes: cached checkpoints are rebuilt
 TREE_SIZES = (4, 8, 16, 32, 64)
 MODES = ("ar", "spec", "windowed")
-TEXT = ("The quick brown fox jumps over the lazy dog, and then it runs all the way back home again "
-        "before the sun goes down.")
+TEXT = (
+    "The quick brown fox jumps over the lazy dog, and then it runs all the way back home again "
+    "before the sun goes down."
+)
 
 # config.json of Qwen3-TTS-12Hz-0.6B-CustomVoice (design tables); 1.7B differs in the talker width only.
 _CODE_PREDICTOR = {
-    "attention_bias": False, "attention_dropout": 0.0, "head_dim": 128, "hidden_act": "silu", "hidden_size": 1024,
-    "initializer_range": 0.02, "intermediate_size": 3072, "max_position_embeddings": 65536,
-    "model_type": "qwen3_tts_talker_code_predictor", "num_attention_heads": 16, "num_code_groups": 16,
-    "num_hidden_layers": 5, "num_key_value_heads": 8, "rms_norm_eps": 1e-6, "rope_scaling": None,
-    "rope_theta": 1000000, "sliding_window": None, "use_cache": True, "use_sliding_window": False,
-    "vocab_size": 2048, "tie_word_embeddings": False,
+    "attention_bias": False,
+    "attention_dropout": 0.0,
+    "head_dim": 128,
+    "hidden_act": "silu",
+    "hidden_size": 1024,
+    "initializer_range": 0.02,
+    "intermediate_size": 3072,
+    "max_position_embeddings": 65536,
+    "model_type": "qwen3_tts_talker_code_predictor",
+    "num_attention_heads": 16,
+    "num_code_groups": 16,
+    "num_hidden_layers": 5,
+    "num_key_value_heads": 8,
+    "rms_norm_eps": 1e-6,
+    "rope_scaling": None,
+    "rope_theta": 1000000,
+    "sliding_window": None,
+    "use_cache": True,
+    "use_sliding_window": False,
+    "vocab_size": 2048,
+    "tie_word_embeddings": False,
 }
 _TALKER = {
-    "attention_bias": False, "attention_dropout": 0.0, "code_predictor_config": _CODE_PREDICTOR,
-    "codec_bos_id": 2149, "codec_eos_token_id": 2150, "codec_think_id": 2154, "codec_nothink_id": 2155,
-    "codec_pad_id": 2148, "codec_think_bos_id": 2156, "codec_think_eos_id": 2157,
-    "codec_language_id": {"chinese": 2055, "english": 2050, "german": 2053, "italian": 2070, "portuguese": 2071,
-                          "spanish": 2054, "japanese": 2058, "korean": 2064, "french": 2061, "russian": 2069,
-                          "beijing_dialect": 2074, "sichuan_dialect": 2062},
-    "head_dim": 128, "hidden_act": "silu", "hidden_size": 1024, "initializer_range": 0.02,
-    "intermediate_size": 3072, "max_position_embeddings": 32768, "model_type": "qwen3_tts_talker",
-    "num_attention_heads": 16, "num_code_groups": 16, "num_hidden_layers": 28, "num_key_value_heads": 8,
-    "position_id_per_seconds": 13, "rms_norm_eps": 1e-6,
+    "attention_bias": False,
+    "attention_dropout": 0.0,
+    "code_predictor_config": _CODE_PREDICTOR,
+    "codec_bos_id": 2149,
+    "codec_eos_token_id": 2150,
+    "codec_think_id": 2154,
+    "codec_nothink_id": 2155,
+    "codec_pad_id": 2148,
+    "codec_think_bos_id": 2156,
+    "codec_think_eos_id": 2157,
+    "codec_language_id": {
+        "chinese": 2055,
+        "english": 2050,
+        "german": 2053,
+        "italian": 2070,
+        "portuguese": 2071,
+        "spanish": 2054,
+        "japanese": 2058,
+        "korean": 2064,
+        "french": 2061,
+        "russian": 2069,
+        "beijing_dialect": 2074,
+        "sichuan_dialect": 2062,
+    },
+    "head_dim": 128,
+    "hidden_act": "silu",
+    "hidden_size": 1024,
+    "initializer_range": 0.02,
+    "intermediate_size": 3072,
+    "max_position_embeddings": 32768,
+    "model_type": "qwen3_tts_talker",
+    "num_attention_heads": 16,
+    "num_code_groups": 16,
+    "num_hidden_layers": 28,
+    "num_key_value_heads": 8,
+    "position_id_per_seconds": 13,
+    "rms_norm_eps": 1e-6,
     "rope_scaling": {"interleaved": True, "mrope_section": [24, 20, 20], "rope_type": "default", "type": "default"},
-    "rope_theta": 1000000, "sliding_window": None,
-    "spk_id": {"serena": 3066, "vivian": 3065, "uncle_fu": 3010, "ryan": 3061, "aiden": 2861, "ono_anna": 2873,
-               "sohee": 2864, "eric": 2875, "dylan": 2878},
-    "spk_is_dialect": {"serena": False, "vivian": False, "uncle_fu": False, "ryan": False, "aiden": False,
-                       "ono_anna": False, "sohee": False, "eric": "sichuan_dialect", "dylan": "beijing_dialect"},
-    "text_hidden_size": 2048, "text_vocab_size": 151936, "use_cache": True, "use_sliding_window": False,
-    "vocab_size": 3072, "tie_word_embeddings": False,
+    "rope_theta": 1000000,
+    "sliding_window": None,
+    "spk_id": {
+        "serena": 3066,
+        "vivian": 3065,
+        "uncle_fu": 3010,
+        "ryan": 3061,
+        "aiden": 2861,
+        "ono_anna": 2873,
+        "sohee": 2864,
+        "eric": 2875,
+        "dylan": 2878,
+    },
+    "spk_is_dialect": {
+        "serena": False,
+        "vivian": False,
+        "uncle_fu": False,
+        "ryan": False,
+        "aiden": False,
+        "ono_anna": False,
+        "sohee": False,
+        "eric": "sichuan_dialect",
+        "dylan": "beijing_dialect",
+    },
+    "text_hidden_size": 2048,
+    "text_vocab_size": 151936,
+    "use_cache": True,
+    "use_sliding_window": False,
+    "vocab_size": 3072,
+    "tie_word_embeddings": False,
 }
 _TOP = {
-    "architectures": ["Qwen3TTSForConditionalGeneration"], "model_type": "qwen3_tts",
-    "assistant_token_id": 77091, "im_start_token_id": 151644, "im_end_token_id": 151645,
-    "tts_pad_token_id": 151671, "tts_bos_token_id": 151672, "tts_eos_token_id": 151673,
-    "tokenizer_type": "qwen3_tts_tokenizer_12hz", "tts_model_size": "0b6", "tts_model_type": "custom_voice",
+    "architectures": ["Qwen3TTSForConditionalGeneration"],
+    "model_type": "qwen3_tts",
+    "assistant_token_id": 77091,
+    "im_start_token_id": 151644,
+    "im_end_token_id": 151645,
+    "tts_pad_token_id": 151671,
+    "tts_bos_token_id": 151672,
+    "tts_eos_token_id": 151673,
+    "tokenizer_type": "qwen3_tts_tokenizer_12hz",
+    "tts_model_size": "0b6",
+    "tts_model_type": "custom_voice",
     "tie_word_embeddings": False,
 }
 SPEECH_TOKENIZER = {
-    "architectures": ["Qwen3TTSTokenizerV2Model"], "model_type": "qwen3_tts_tokenizer_12hz",
-    "encoder_valid_num_quantizers": 16, "input_sample_rate": 24000, "output_sample_rate": 24000,
-    "decode_upsample_rate": 1920, "encode_downsample_rate": 1920,
+    "architectures": ["Qwen3TTSTokenizerV2Model"],
+    "model_type": "qwen3_tts_tokenizer_12hz",
+    "encoder_valid_num_quantizers": 16,
+    "input_sample_rate": 24000,
+    "output_sample_rate": 24000,
+    "decode_upsample_rate": 1920,
+    "encode_downsample_rate": 1920,
     "encoder_config": {  # the official loader builds the (unused) encoder too; its weights stay random there
-        "audio_channels": 1, "num_filters": 64, "kernel_size": 7, "residual_kernel_size": 3, "last_kernel_size": 3,
-        "num_residual_layers": 1, "compress": 2, "dilation_growth_rate": 2, "upsampling_ratios": [8, 6, 5, 4],
-        "hidden_size": 512, "num_hidden_layers": 8, "num_attention_heads": 8, "num_key_value_heads": 8,
-        "head_dim": 64, "intermediate_size": 2048, "hidden_act": "gelu", "norm_eps": 1e-5,
-        "layer_scale_initial_scale": 0.01, "rope_theta": 10000, "max_position_embeddings": 8000,
-        "sliding_window": 250, "num_quantizers": 32, "num_semantic_quantizers": 1, "codebook_size": 2048,
-        "codebook_dim": 256, "vector_quantization_hidden_dimension": 256, "pad_mode": "constant",
-        "use_causal_conv": True, "frame_rate": 12.5, "sampling_rate": 24000,
+        "audio_channels": 1,
+        "num_filters": 64,
+        "kernel_size": 7,
+        "residual_kernel_size": 3,
+        "last_kernel_size": 3,
+        "num_residual_layers": 1,
+        "compress": 2,
+        "dilation_growth_rate": 2,
+        "upsampling_ratios": [8, 6, 5, 4],
+        "hidden_size": 512,
+        "num_hidden_layers": 8,
+        "num_attention_heads": 8,
+        "num_key_value_heads": 8,
+        "head_dim": 64,
+        "intermediate_size": 2048,
+        "hidden_act": "gelu",
+        "norm_eps": 1e-5,
+        "layer_scale_initial_scale": 0.01,
+        "rope_theta": 10000,
+        "max_position_embeddings": 8000,
+        "sliding_window": 250,
+        "num_quantizers": 32,
+        "num_semantic_quantizers": 1,
+        "codebook_size": 2048,
+        "codebook_dim": 256,
+        "vector_quantization_hidden_dimension": 256,
+        "pad_mode": "constant",
+        "use_causal_conv": True,
+        "frame_rate": 12.5,
+        "sampling_rate": 24000,
     },
     "decoder_config": {
-        "attention_bias": False, "latent_dim": 1024, "codebook_dim": 512, "codebook_size": 2048,
-        "decoder_dim": 1536, "hidden_act": "silu", "hidden_size": 512, "intermediate_size": 1024,
-        "layer_scale_initial_scale": 0.01, "max_position_embeddings": 8000, "head_dim": 64,
-        "num_attention_heads": 16, "num_hidden_layers": 8, "num_key_value_heads": 16, "num_quantizers": 16,
-        "num_semantic_quantizers": 1, "rms_norm_eps": 1e-5, "rope_theta": 10000, "semantic_codebook_size": 4096,
-        "sliding_window": 72, "upsample_rates": [8, 5, 4, 3], "upsampling_ratios": [2, 2],
+        "attention_bias": False,
+        "latent_dim": 1024,
+        "codebook_dim": 512,
+        "codebook_size": 2048,
+        "decoder_dim": 1536,
+        "hidden_act": "silu",
+        "hidden_size": 512,
+        "intermediate_size": 1024,
+        "layer_scale_initial_scale": 0.01,
+        "max_position_embeddings": 8000,
+        "head_dim": 64,
+        "num_attention_heads": 16,
+        "num_hidden_layers": 8,
+        "num_key_value_heads": 16,
+        "num_quantizers": 16,
+        "num_semantic_quantizers": 1,
+        "rms_norm_eps": 1e-5,
+        "rope_theta": 10000,
+        "semantic_codebook_size": 4096,
+        "sliding_window": 72,
+        "upsample_rates": [8, 5, 4, 3],
+        "upsampling_ratios": [2, 2],
         "vector_quantization_hidden_dimension": 512,
     },
 }
 GENERATION_CONFIG = {
-    "do_sample": True, "repetition_penalty": 1.05, "temperature": 0.9, "top_p": 1.0, "top_k": 50,
-    "subtalker_dosample": True, "subtalker_temperature": 0.9, "subtalker_top_p": 1.0, "subtalker_top_k": 50,
+    "do_sample": True,
+    "repetition_penalty": 1.05,
+    "temperature": 0.9,
+    "top_p": 1.0,
+    "top_k": 50,
+    "subtalker_dosample": True,
+    "subtalker_temperature": 0.9,
+    "subtalker_top_p": 1.0,
+    "subtalker_top_k": 50,
     "max_new_tokens": 8192,
 }
 FEATURE_EXTRACTOR = {
-    "chunk_length_s": None, "feature_extractor_type": "EncodecFeatureExtractor", "feature_size": 1, "overlap": None,
-    "padding_side": "right", "padding_value": 0.0, "return_attention_mask": True, "sampling_rate": 24000,
+    "chunk_length_s": None,
+    "feature_extractor_type": "EncodecFeatureExtractor",
+    "feature_size": 1,
+    "overlap": None,
+    "padding_side": "right",
+    "padding_value": 0.0,
+    "return_attention_mask": True,
+    "sampling_rate": 24000,
 }
-PROCESSOR = {"padding_side": "left", "padding_value": 0.0, "processor_class": "Qwen3TTSProcessor",
-             "return_attention_mask": True}
-SIZES = {"0.6b": {"tts_model_size": "0b6"},
-         "1.7b": {"tts_model_size": "1b7", "talker": {"hidden_size": 2048, "intermediate_size": 6144}}}
+PROCESSOR = {
+    "padding_side": "left",
+    "padding_value": 0.0,
+    "processor_class": "Qwen3TTSProcessor",
+    "return_attention_mask": True,
+}
+SIZES = {
+    "0.6b": {"tts_model_size": "0b6"},
+    "1.7b": {"tts_model_size": "1b7", "talker": {"hidden_size": 2048, "intermediate_size": 6144}},
+}
 
 
 def model_config(size: str) -> dict:
@@ -143,9 +278,13 @@ def _byte_alphabet() -> list[str]:
     return out
 
 
-SPECIAL_NAMES = {"im_start_token_id": "<|im_start|>", "im_end_token_id": "<|im_end|>",
-                 "tts_pad_token_id": "<tts_pad>", "tts_bos_token_id": "<tts_text_bos>",
-                 "tts_eos_token_id": "<tts_text_eod>"}
+SPECIAL_NAMES = {
+    "im_start_token_id": "<|im_start|>",
+    "im_end_token_id": "<|im_end|>",
+    "tts_pad_token_id": "<tts_pad>",
+    "tts_bos_token_id": "<tts_text_bos>",
+    "tts_eos_token_id": "<tts_text_eod>",
+}
 
 
 def text_tokenizer_files(cfg: dict) -> dict[str, str]:
@@ -178,17 +317,34 @@ def text_tokenizer_files(cfg: dict) -> dict[str, str]:
     added = {}
     for i in range(first, last + 1):
         name = specials.get(i, f"<|extra_{i}|>")
-        added[str(i)] = {"content": name, "lstrip": False, "normalized": False, "rstrip": False,
-                         "single_word": False, "special": True}
+        added[str(i)] = {
+            "content": name,
+            "lstrip": False,
+            "normalized": False,
+            "rstrip": False,
+            "single_word": False,
+            "special": True,
+        }
     tok_cfg = {
-        "add_bos_token": False, "add_prefix_space": False, "added_tokens_decoder": added,
-        "additional_special_tokens": [v["content"] for v in added.values()], "bos_token": None,
-        "clean_up_tokenization_spaces": False, "eos_token": "<|im_end|>", "errors": "replace",
-        "model_max_length": 131072, "pad_token": added[str(first)]["content"], "split_special_tokens": False,
-        "tokenizer_class": "Qwen2Tokenizer", "unk_token": None,
+        "add_bos_token": False,
+        "add_prefix_space": False,
+        "added_tokens_decoder": added,
+        "additional_special_tokens": [v["content"] for v in added.values()],
+        "bos_token": None,
+        "clean_up_tokenization_spaces": False,
+        "eos_token": "<|im_end|>",
+        "errors": "replace",
+        "model_max_length": 131072,
+        "pad_token": added[str(first)]["content"],
+        "split_special_tokens": False,
+        "tokenizer_class": "Qwen2Tokenizer",
+        "unk_token": None,
     }
-    return {"vocab.json": json.dumps(vocab, ensure_ascii=False), "merges.txt": "#version: 0.2\n" + "\n".join(merges)
-            + "\n", "tokenizer_config.json": json.dumps(tok_cfg, ensure_ascii=False, indent=1)}
+    return {
+        "vocab.json": json.dumps(vocab, ensure_ascii=False),
+        "merges.txt": "#version: 0.2\n" + "\n".join(merges) + "\n",
+        "tokenizer_config.json": json.dumps(tok_cfg, ensure_ascii=False, indent=1),
+    }
 
 
 def random_state(module: torch.nn.Module, dtype: torch.dtype, seed: int, head_gain: float = 2.5) -> dict:
@@ -372,8 +528,10 @@ def codec_frame_times(synth, frames: int, repeats: int) -> list[float]:
     """Seconds per frame of the codec decoding `frames` random frames in one go (official chunking)."""
     g = torch.Generator().manual_seed(0)
     vp = synth.tts.talker.code_predictor.cfg.vocab_size
-    codes = torch.cat([torch.randint(0, 2048, (frames, 1), generator=g),
-                       torch.randint(0, min(vp, 2048), (frames, 15), generator=g)], dim=1)
+    codes = torch.cat(
+        [torch.randint(0, 2048, (frames, 1), generator=g), torch.randint(0, min(vp, 2048), (frames, 15), generator=g)],
+        dim=1,
+    )
     return [t / frames for t in _timed(lambda: synth.decode(codes), repeats)]
 
 
@@ -410,12 +568,19 @@ def end_to_end(synth, opts, text: str = TEXT) -> dict:
     audio_s = samples / synth.sample_rate
     stage = {"talker": stats.talker_s / n, "predictor": stats.predictor_s / n, "codec": stats.codec_s / n}
     out = {
-        "frames": stats.frames, "stop_reason": stats.stop_reason, "audio_s": audio_s, "elapsed_s": elapsed,
-        "xrt": audio_s / elapsed if elapsed > 0 else 0.0, "first_audio_s": first, "prefill_ms": 1e3 * stats.prefill_s,
-        "talker_ms_per_frame": 1e3 * stage["talker"], "predictor_ms_per_frame": 1e3 * stage["predictor"],
+        "frames": stats.frames,
+        "stop_reason": stats.stop_reason,
+        "audio_s": audio_s,
+        "elapsed_s": elapsed,
+        "xrt": audio_s / elapsed if elapsed > 0 else 0.0,
+        "first_audio_s": first,
+        "prefill_ms": 1e3 * stats.prefill_s,
+        "talker_ms_per_frame": 1e3 * stage["talker"],
+        "predictor_ms_per_frame": 1e3 * stage["predictor"],
         "codec_ms_per_frame": 1e3 * stage["codec"],
         "overhead_ms_per_frame": 1e3 * max(0.0, (elapsed - stats.prefill_s) / n - sum(stage.values())),
-        "predictor_calls_per_frame": stats.predictor_calls / n, "step_ms": list(stats.step_ms),
+        "predictor_calls_per_frame": stats.predictor_calls / n,
+        "step_ms": list(stats.step_ms),
     }
     if stats.spec is not None:
         out["tokens_per_call"] = stats.spec.tokens_per_call
@@ -446,7 +611,10 @@ def measure_format(folder: Path, weights: str, frames: int, repeats: int, modes=
     codec = codec_frame_times(synth, frames, repeats)
     bps = bw["read_gb_s"] * 1e9
     out = {
-        "weights": weights, "threads": torch.get_num_threads(), "load_s": load_s, "bandwidth": bw,
+        "weights": weights,
+        "threads": torch.get_num_threads(),
+        "load_s": load_s,
+        "bandwidth": bw,
         "talker_step": {**_summary(steps), "bytes": talker_bytes, "floor_ms": 1e3 * talker_bytes / bps},
         "predictor_call": {**calls["ar"], "bytes": call_bytes, "floor_ms": 1e3 * call_bytes / bps},
         "verify": calls["verify"],
@@ -483,8 +651,16 @@ def run_format(folder: Path, weights: str, frames: int, repeats: int, modes, iso
     """measure_format, in a fresh Python process when `isolate` (same interpreter and thread settings)."""
     if not isolate:
         return measure_format(folder, weights, frames, repeats, modes)
-    cmd = [sys.executable, "-m", "leapvox.models.bench", str(folder), weights, str(frames), str(repeats),
-           ",".join(modes)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "leapvox.models.bench",
+        str(folder),
+        weights,
+        str(frames),
+        str(repeats),
+        ",".join(modes),
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
         tail = (proc.stderr.strip().splitlines() or ["(no output)"])[-1]
@@ -549,8 +725,10 @@ REFERENCE_PYTHON = Path(os.environ.get("LEAPVOX_REFERENCE_PYTHON", "/work/refven
 def official_available() -> str | None:
     """None when the official package can be run, else why not (one line)."""
     if not REFERENCE_PYTHON.is_file():
-        return (f"no reference virtualenv at {REFERENCE_PYTHON} (set LEAPVOX_REFERENCE_PYTHON, or see "
-                "tests/reference/README.md); skipping the official side")
+        return (
+            f"no reference virtualenv at {REFERENCE_PYTHON} (set LEAPVOX_REFERENCE_PYTHON, or see "
+            "tests/reference/README.md); skipping the official side"
+        )
     return None
 
 
@@ -575,8 +753,10 @@ def table(result: dict) -> str:
     lines = []
     fmts = result["formats"]
     bw = next(iter(fmts.values()))["bandwidth"]["read_gb_s"] if fmts else 0.0
-    lines.append(f"{result['model']}  {result['frames']} frames, {result['repeats']} repeat(s), "
-                 f"{result['threads']} threads, read bandwidth {bw:.1f} GB/s; times are the minimum over repeats")
+    lines.append(
+        f"{result['model']}  {result['frames']} frames, {result['repeats']} repeat(s), "
+        f"{result['threads']} threads, read bandwidth {bw:.1f} GB/s; times are the minimum over repeats"
+    )
     head = f"{'per 80 ms frame':<34}" + "".join(f"{w:>18}" for w in fmts)
     off = result.get("official", {})
     head += "".join(f"{'official ' + d:>16}" for d in off)
@@ -601,26 +781,53 @@ def table(result: dict) -> str:
     row("talker step ms", lambda r: r["talker_step"]["min_ms"], official=lambda o: o["talker_step_ms"])
     row("  floor ms (bytes / bandwidth)", lambda r: r["talker_step"]["floor_ms"])
     row("  x floor", lambda r: r["talker_step"]["floor_ratio"], "{:.2f}")
-    row("predictor call ms (ar)", lambda r: r["predictor_call"]["min_ms"], "{:.2f}",
-        official=lambda o: o["predictor_call_ms"])
+    row(
+        "predictor call ms (ar)",
+        lambda r: r["predictor_call"]["min_ms"],
+        "{:.2f}",
+        official=lambda o: o["predictor_call_ms"],
+    )
     row("  floor ms", lambda r: r["predictor_call"]["floor_ms"], "{:.2f}")
     row("  x floor", lambda r: r["predictor_call"]["floor_ratio"], "{:.2f}")
-    row("predictor 15-code loop ms", lambda r: r["predictor_frame"]["min_ms"],
-        official=lambda o: o["predictor_frame_ms"])
-    row("  overhead beyond 15 calls ms", lambda r: r["predictor_frame"]["overhead_ms"],
-        official=lambda o: o["predictor_overhead_ms"])
+    row(
+        "predictor 15-code loop ms",
+        lambda r: r["predictor_frame"]["min_ms"],
+        official=lambda o: o["predictor_frame_ms"],
+    )
+    row(
+        "  overhead beyond 15 calls ms",
+        lambda r: r["predictor_frame"]["overhead_ms"],
+        official=lambda o: o["predictor_overhead_ms"],
+    )
     for n in TREE_SIZES:
-        row(f"verify N={n} ms (x ar call)", lambda r, n=n: (r["verify"][str(n)]["min_ms"],
-            r["verify"][str(n)]["min_ms"] / r["predictor_call"]["min_ms"]), "{0[0]:.1f} ({0[1]:.1f})")
+        row(
+            f"verify N={n} ms (x ar call)",
+            lambda r, n=n: (
+                r["verify"][str(n)]["min_ms"],
+                r["verify"][str(n)]["min_ms"] / r["predictor_call"]["min_ms"],
+            ),
+            "{0[0]:.1f} ({0[1]:.1f})",
+        )
     row("codec decode ms / frame", lambda r: r["codec_frame"]["min_ms"], official=lambda o: o["codec_ms_per_frame"])
     for mode in result["modes"]:
-        row(f"{mode}: xRT", lambda r, m=mode: r["modes"][m]["xrt"], "{:.3f}",
-            official=(lambda o: o["xrt"]) if mode == "ar" else None)
-        row(f"{mode}: first audio s", lambda r, m=mode: r["modes"][m]["first_audio_s"], "{:.2f}",
-            official=(lambda o: o["first_frame_s"]) if mode == "ar" else None)
-        row(f"{mode}: talker/pred/codec/other ms", lambda r, m=mode: r["modes"][m],
+        row(
+            f"{mode}: xRT",
+            lambda r, m=mode: r["modes"][m]["xrt"],
+            "{:.3f}",
+            official=(lambda o: o["xrt"]) if mode == "ar" else None,
+        )
+        row(
+            f"{mode}: first audio s",
+            lambda r, m=mode: r["modes"][m]["first_audio_s"],
+            "{:.2f}",
+            official=(lambda o: o["first_frame_s"]) if mode == "ar" else None,
+        )
+        row(
+            f"{mode}: talker/pred/codec/other ms",
+            lambda r, m=mode: r["modes"][m],
             "{0[talker_ms_per_frame]:.0f}/{0[predictor_ms_per_frame]:.0f}/{0[codec_ms_per_frame]:.0f}/"
-            "{0[overhead_ms_per_frame]:.0f}")
+            "{0[overhead_ms_per_frame]:.0f}",
+        )
         if mode == "spec":
             row("spec: tokens per call", lambda r: r["modes"]["spec"]["tokens_per_call"], "{:.2f}")
     row("peak RSS MiB", lambda r: r["memory_peak"]["peak_rss_mb"], "{:.0f}", official=lambda o: o["peak_rss_mb"])
@@ -628,14 +835,18 @@ def table(result: dict) -> str:
     if fid:
         lines.append("")
         lines.append("fidelity vs fp32 (teacher-forced on fp32's codes; share of codes picked alike):")
-        lines.append(f"{'format':<8}{'code0 greedy':>14}{'code0 same draw':>17}{'1..15 greedy':>14}"
-                     f"{'1..15 same draw':>17}{'max dlogit/std':>16}")
+        lines.append(
+            f"{'format':<8}{'code0 greedy':>14}{'code0 same draw':>17}{'1..15 greedy':>14}"
+            f"{'1..15 same draw':>17}{'max dlogit/std':>16}"
+        )
         for w, f in fid.items():
             if not f.get("frames"):
                 continue
-            lines.append(f"{w:<8}{f['code0_greedy_agreement']:>14.3f}{f['code0_sampled_agreement']:>17.3f}"
-                         f"{f['codes1_15_greedy_agreement']:>14.3f}{f['codes1_15_sampled_agreement']:>17.3f}"
-                         f"{max(f['code0_max_logit_diff_rel'], f['codes1_15_max_logit_diff_rel']):>16.3f}")
+            lines.append(
+                f"{w:<8}{f['code0_greedy_agreement']:>14.3f}{f['code0_sampled_agreement']:>17.3f}"
+                f"{f['codes1_15_greedy_agreement']:>14.3f}{f['codes1_15_sampled_agreement']:>17.3f}"
+                f"{max(f['code0_max_logit_diff_rel'], f['codes1_15_max_logit_diff_rel']):>16.3f}"
+            )
     if result.get("ratios"):
         lines.append("")
         lines.append("leapvox (fastest mode and format) vs official, same run:")
@@ -647,8 +858,11 @@ def table(result: dict) -> str:
 def ratios(result: dict) -> dict:
     """xRT of leapvox's fastest mode and format over the official xRT per official dtype, and per-stage ratios."""
     off = result.get("official") or {}
-    best = max(((w, m, rec["modes"][m]["xrt"]) for w, rec in result["formats"].items() for m in rec["modes"]),
-               key=lambda t: t[2], default=None)
+    best = max(
+        ((w, m, rec["modes"][m]["xrt"]) for w, rec in result["formats"].items() for m in rec["modes"]),
+        key=lambda t: t[2],
+        default=None,
+    )
     out = {}
     if best is None:
         return out
@@ -660,7 +874,8 @@ def ratios(result: dict) -> dict:
             out[f"talker step: official {d} / leapvox {d}"] = o["talker_step_ms"] / same["talker_step"]["min_ms"]
         if same and o.get("predictor_frame_ms"):
             out[f"predictor per frame: official {d} / leapvox {d} ar"] = (
-                o["predictor_frame_ms"] / same["predictor_frame"]["min_ms"])
+                o["predictor_frame_ms"] / same["predictor_frame"]["min_ms"]
+            )
     return out
 
 
@@ -706,13 +921,30 @@ def plot(result: dict, path: Path) -> list[Path]:
     return written
 
 
-def run_bench(folder: Path, weights, modes, frames: int, repeats: int, official: bool = False,
-              isolate: bool = True, say=None, official_frames: int | None = None, fidelity: bool = True) -> dict:
+def run_bench(
+    folder: Path,
+    weights,
+    modes,
+    frames: int,
+    repeats: int,
+    official: bool = False,
+    isolate: bool = True,
+    say=None,
+    official_frames: int | None = None,
+    fidelity: bool = True,
+) -> dict:
     """The whole benchmark on the checkpoint in `folder`: every weight format (each in its own process when
     `isolate`), then the official package on the same folder when asked and available."""
     say = say or (lambda m: None)
-    result = {"model": str(folder), "frames": frames, "repeats": repeats, "threads": torch.get_num_threads(),
-              "modes": list(modes), "formats": {}, "torch": torch.__version__}
+    result = {
+        "model": str(folder),
+        "frames": frames,
+        "repeats": repeats,
+        "threads": torch.get_num_threads(),
+        "modes": list(modes),
+        "formats": {},
+        "torch": torch.__version__,
+    }
     for w in weights:
         say(f"leapvox {w}: measuring")
         result["formats"][w] = run_format(folder, w, frames, repeats, modes, isolate)

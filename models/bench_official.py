@@ -74,8 +74,17 @@ def main(argv: list[str]) -> int:
     talker.code_predictor.generate = timed_generate
     model.speech_tokenizer.decode = timed_decode
     speaker = sorted(model.config.talker_config.spk_id)[0]
-    sampling = dict(do_sample=True, top_k=50, top_p=1.0, temperature=0.9, repetition_penalty=1.05,
-                    subtalker_dosample=True, subtalker_top_k=50, subtalker_top_p=1.0, subtalker_temperature=0.9)
+    sampling = dict(
+        do_sample=True,
+        top_k=50,
+        top_p=1.0,
+        temperature=0.9,
+        repetition_penalty=1.05,
+        subtalker_dosample=True,
+        subtalker_top_k=50,
+        subtalker_top_p=1.0,
+        subtalker_temperature=0.9,
+    )
 
     def speak(n):
         for v in log.values():
@@ -83,8 +92,9 @@ def main(argv: list[str]) -> int:
         start["first"] = None
         torch.manual_seed(0)
         start["t"] = time.perf_counter()
-        wavs, sr = tts.generate_custom_voice(text=text, speaker=speaker, language="english",
-                                             max_new_tokens=n + 1, **sampling)
+        wavs, sr = tts.generate_custom_voice(
+            text=text, speaker=speaker, language="english", max_new_tokens=n + 1, **sampling
+        )
         elapsed = time.perf_counter() - start["t"]
         steps = [t for rows, t in log["backbone"] if rows == 1]
         calls = [t for _, t in log["call"]]
@@ -92,7 +102,10 @@ def main(argv: list[str]) -> int:
         nframes = max(len(gens), 1)
         audio_s = len(wavs[0]) / sr
         return {
-            "frames": len(gens), "audio_s": audio_s, "elapsed_s": elapsed, "xrt": audio_s / elapsed,
+            "frames": len(gens),
+            "audio_s": audio_s,
+            "elapsed_s": elapsed,
+            "xrt": audio_s / elapsed,
             "first_frame_s": start["first"],
             "talker_step_ms": 1e3 * statistics.median(steps) if steps else None,
             "predictor_call_ms": 1e3 * statistics.median(calls) if calls else None,

@@ -16,18 +16,47 @@ from leapvox.models import bench
 
 def tiny_configs() -> tuple[dict, dict]:
     cfg = bench.model_config("0.6b")
-    cfg.update(assistant_token_id=300, im_start_token_id=400, im_end_token_id=401, tts_pad_token_id=402,
-               tts_bos_token_id=403, tts_eos_token_id=404)
+    cfg.update(
+        assistant_token_id=300,
+        im_start_token_id=400,
+        im_end_token_id=401,
+        tts_pad_token_id=402,
+        tts_bos_token_id=403,
+        tts_eos_token_id=404,
+    )
     t = cfg["talker_config"]
-    t.update(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-             num_key_value_heads=2, head_dim=16, text_vocab_size=512, text_hidden_size=48,
-             rope_scaling={"interleaved": True, "mrope_section": [4, 2, 2], "rope_type": "default"})
-    t["code_predictor_config"].update(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                      num_attention_heads=4, num_key_value_heads=2, head_dim=8, vocab_size=64)
+    t.update(
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        text_vocab_size=512,
+        text_hidden_size=48,
+        rope_scaling={"interleaved": True, "mrope_section": [4, 2, 2], "rope_type": "default"},
+    )
+    t["code_predictor_config"].update(
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        vocab_size=64,
+    )
     codec = copy.deepcopy(bench.SPEECH_TOKENIZER)
-    codec["decoder_config"].update(latent_dim=64, codebook_dim=8, decoder_dim=64, hidden_size=32,
-                                   intermediate_size=64, head_dim=8, num_attention_heads=4, num_key_value_heads=4,
-                                   num_hidden_layers=2)
+    codec["decoder_config"].update(
+        latent_dim=64,
+        codebook_dim=8,
+        decoder_dim=64,
+        hidden_size=32,
+        intermediate_size=64,
+        head_dim=8,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        num_hidden_layers=2,
+    )
     return cfg, codec
 
 
@@ -98,8 +127,9 @@ def test_bench_fills_every_field(tiny_folder, tmp_path):
 def test_official_side_is_skipped_with_one_line_when_missing(tiny_folder, monkeypatch, tmp_path):
     monkeypatch.setattr(bench, "REFERENCE_PYTHON", tmp_path / "no-python")
     said = []
-    result = bench.run_bench(tiny_folder, ["int8"], ["ar"], frames=2, repeats=1, isolate=False, official=True,
-                             say=said.append)
+    result = bench.run_bench(
+        tiny_folder, ["int8"], ["ar"], frames=2, repeats=1, isolate=False, official=True, say=said.append
+    )
     assert "official" not in result and "reference virtualenv" in result["official_skipped"]
     assert any("skipping the official side" in s for s in said)
 

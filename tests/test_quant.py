@@ -63,8 +63,11 @@ def test_quantize_model_converts_talker_and_predictor_linears_only(tiny_model):
     converted = {n for n, m in model.named_modules() if isinstance(m, Int8Linear)}
     # 2 talker layers x 7 + 2 predictor layers x 7 + 15 heads + the 64 -> 32 input projection
     assert summary["layers"] == len(converted) == 44
-    assert names - converted == {"talker.codec_head", "talker.text_projection.linear_fc1",
-                                 "talker.text_projection.linear_fc2"}
+    assert names - converted == {
+        "talker.codec_head",
+        "talker.text_projection.linear_fc1",
+        "talker.text_projection.linear_fc2",
+    }
     assert all(isinstance(e.weight, nn.Parameter) for e in model.modules() if isinstance(e, nn.Embedding))
     after = linear_weight_bytes(model.talker.model) + linear_weight_bytes(model.talker.code_predictor)
     assert summary["bytes_after"] < summary["bytes_before"] / 3.5 and after < before / 3.5
@@ -105,8 +108,12 @@ def test_int8_code_agreement_with_fp32(ckpt):
     assert any(isinstance(m, Int8Linear) for m in q.tts.modules())
     a = code_agreement(ref, q, "Hello world, this is a test.", frames=20, seed=1)
     assert a["frames"] >= 10
-    for key in ("code0_greedy_agreement", "code0_sampled_agreement", "codes1_15_greedy_agreement",
-                "codes1_15_sampled_agreement"):
+    for key in (
+        "code0_greedy_agreement",
+        "code0_sampled_agreement",
+        "codes1_15_greedy_agreement",
+        "codes1_15_sampled_agreement",
+    ):
         assert a[key] >= 0.9, (key, a)
 
 
