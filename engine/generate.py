@@ -15,7 +15,7 @@ from .code_predictor import CodePredictor
 from .options import SynthesisOptions
 from .prompt import Prompt
 from .sampling import SamplingParams, code0_logits, pick, suppress_mask_for
-from .spec import SpecDecoder, SpecStats, predict_codes_spec
+from .spec import SpecDecoder, SpecStats
 from .talker import Talker
 
 
@@ -89,16 +89,19 @@ def generate_frames(
     generator: torch.Generator | None,
     stats: DecodeStats,
     spec: SpecDecoder | None = None,
+    backend=None,
 ) -> Iterator[torch.Tensor]:
     """Yield frames [16] (code 0..15) until EOS or `max_frames`; sets `stats.stop_reason` at the end.
 
-    With `spec` (a draft tree and offsets) codes 1..15 come from speculative verify calls (`spec` mode)."""
-    cache = FullCache(talker, prompt.embeds.shape[1], max_frames)
-    yield from frame_loop(cache, talker, prompt, opts, max_frames, generator, stats, spec)
+    With `spec` (a draft tree and offsets) codes 1..15 come from speculative verify calls (`spec` mode).
+    `backend` runs the networks (default: the torch engine, backend.TorchBackend)."""
+    from .backend import TorchBackend  # backend.py builds on this module
+
+    yield from frame_loop(backend or TorchBackend(talker), talker, prompt, opts, max_frames, generator, stats, spec)
 
 
 def frame_loop(
-    cache,
+    backend,
     talker: Talker,
     prompt: Prompt,
     opts: SynthesisOptions,
@@ -106,15 +109,17 @@ def frame_loop(
     generator: torch.Generator | None,
     stats: DecodeStats,
     spec: SpecDecoder | None = None,
+    window: int | None = None,
 ) -> Iterator[torch.Tensor]:
-    """The frame loop shared by the modes; `cache` (FullCache, or windowed.RingCache) runs the talker steps."""
+    """The frame loop shared by the modes; `backend` (backend.TorchBackend, coreml_runtime.CoreMLBackend) runs
+    the talker steps (over a ring of `window` frames in windowed mode) and the code predictor."""
     cfg, cp = talker.cfg, talker.code_predictor
     eos = cfg.codec_eos_token_id
     suppress = suppress_mask_for(cfg.vocab_size, cfg.suppressed_ids, eos, prompt.embeds.device)
     if spec is not None:
         spec = SpecDecoder(spec.tree, spec.offsets)  # fresh counters for this utterance
         stats.spec = spec.stats
-    cp.model.setup_cache(cp.cfg.num_code_groups + (spec.tree.size + 2 if spec else 0))
+    max_frames = backend.setup(prompt.embeds.shape[1], max_frames, spec, window)  # a backend may hold fewer
     history = torch.zeros((1, 0), dtype=torch.long, device=prompt.embeds.device)
 
     def next_code0(logits: torch.Tensor) -> torch.Tensor:
@@ -125,7 +130,7 @@ def frame_loop(
         return c0
 
     t0 = time.perf_counter()
-    h, logits = cache.prefill(prompt.embeds)
+    h, logits = backend.prefill(prompt.embeds)
     c0 = next_code0(logits)
     stats.prefill_s += time.perf_counter() - t0
     stats.talker_calls += 1
@@ -137,11 +142,11 @@ def frame_loop(
         t1 = time.perf_counter()
         c0_embed = talker.embed_codec(c0[:, None])
         if spec is None:
-            rest = predict_codes(cp, h, c0_embed, opts.predictor, generator)  # [1, 15]
+            rest = backend.predict(h, c0_embed, opts.predictor, generator)  # [1, 15]
             stats.predictor_calls += cp.num_heads
         else:
             calls = spec.stats.calls
-            rest = predict_codes_spec(cp, h, c0_embed, opts.predictor, generator, spec)
+            rest = backend.verify(h, c0_embed, opts.predictor, generator, spec)
             stats.predictor_calls += spec.stats.calls - calls
         t2 = time.perf_counter()
         frame = torch.cat([c0[:, None], rest], dim=1)  # [1, 16]
@@ -150,10 +155,10 @@ def frame_loop(
         yield frame[0]
         t2 = time.perf_counter()
         if k + 1 < max_frames:
-            h, logits = cache.step(talker.embed_frame(frame) + prompt.step_text(k), k)
+            h, logits = backend.decode(talker.embed_frame(frame) + prompt.step_text(k), k)
             c0 = next_code0(logits)
             stats.talker_calls += 1
-            stats.kv_bytes, stats.attn_span = cache.kv_bytes(k), cache.span(k)
+            stats.kv_bytes, stats.attn_span = backend.kv_bytes(k), backend.span(k)
             stats.step_ms.append(1e3 * (time.perf_counter() - t2))
         stats.talker_s += time.perf_counter() - t2
     stats.stop_reason = "max_frames"

@@ -68,6 +68,7 @@ class Synthesizer:
         self.spec = spec or SpecDecoder()  # spec mode's draft tree and offsets (None offsets: zero offsets)
         self._said_zero_offsets = False
         self._said_window_approx = False
+        self.backend = None  # what runs the networks: None = the torch engine; coreml_runtime.CoreMLBackend (ane)
         self.frontend = frontend  # text -> model text (e.g. phonemes) before the prompt template, or None
 
     def text_ids(self, text: str) -> list[int]:
@@ -122,8 +123,13 @@ class Synthesizer:
                 f"windowed mode: this model was adapted to a {adapted}-frame window; {opts.window} frames is an "
                 f"approximation (drop --window to use {adapted})"
             )
+        if self.backend is not None:
+            extra["backend"] = self.backend
         yield from FRAME_LOOPS[opts.mode](talker, prompt, opts, min(cap, guard), gen, stats, **extra)
-        if stats.stop_reason == "max_frames" and guard < cap:
+        if stats.stop_reason == "max_frames" and stats.frames < min(cap, guard):  # the backend holds fewer frames
+            warnings.append(f"stopped at {stats.frames} frames, all that the {self.backend.name} backend's exported "
+                            "context holds after this prompt (export-coreml --context sets it)")
+        elif stats.stop_reason == "max_frames" and guard < cap:
             stats.stop_reason = "guard"
             warnings.append(
                 f"stopped at {guard} frames ({guard * 0.08:.1f} s), the runaway cap for {prompt.n_text_tokens} "

@@ -71,9 +71,13 @@ def generate_frames_windowed(
     generator: torch.Generator | None,
     stats: DecodeStats,
     spec: SpecDecoder | None = None,
+    backend=None,
 ) -> Iterator[torch.Tensor]:
     """`generate_frames` with the talker attending to the prompt and the last `opts.window` frame rows.
 
-    Codes 1..15 come from the unchanged code predictor, speculatively when `spec` is given."""
-    cache = RingCache(talker, prompt.embeds.shape[1], opts.window)
-    yield from frame_loop(cache, talker, prompt, opts, max_frames, generator, stats, spec)
+    Codes 1..15 come from the unchanged code predictor, speculatively when `spec` is given. `backend` runs the
+    networks (default: the torch engine; RingCache holds the window)."""
+    from .backend import TorchBackend  # backend.py builds on this module
+
+    backend = backend or TorchBackend(talker)
+    yield from frame_loop(backend, talker, prompt, opts, max_frames, generator, stats, spec, window=opts.window)

@@ -41,12 +41,15 @@ class LoadedModel:
     defaults: SynthesisOptions
     sample_rate: int
     weights: str = "fp32"  # weight format: fp32, bf16 or int8 (engine.quant)
+    backend: object = None  # what runs the networks: None = torch; a coreml_runtime.CoreMLBackend for --backend ane
 
     def synthesizer(self) -> Synthesizer:
-        return Synthesizer(
+        synth = Synthesizer(
             self.tts, self.codec, self.config, self.tokenizer, self.sample_rate, self.spec_decoder(),
             self.tokenizer.frontend,
         )
+        synth.backend = self.backend
+        return synth
 
     def spec_decoder(self, backend: str = "cpu", device: str = "cpu") -> SpecDecoder:
         """spec mode's trained offsets and calibrated tree for this model, where they exist."""

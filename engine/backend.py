@@ -1,0 +1,65 @@
+"""The compute backend behind the frame loop: the one seam between host logic and whatever runs the networks.
+
+A backend runs the talker (prompt prefill, one decode step per frame) and the code predictor (codes 1..15 of a
+frame, plainly or with speculative verify calls). Everything else stays on the host and is shared: prompt and
+embedding lookups, sampling, the spec walk, stop rules and counters (`generate.frame_loop`).
+
+    setup(prefix, max_frames, spec, window) -> frame cap   allocate caches for one utterance
+    prefill(x) -> (hidden, logits)                           prompt rows [1, L, H]
+    decode(x, k) -> (hidden, logits)                         frame row k [1, 1, H] at position L + k
+    predict(h, c0_embed, params, generator) -> [1, 15]       codes 1..15, one predictor call per code (ar)
+    verify(h, c0_embed, params, generator, spec) -> [1, 15]  codes 1..15 with fused draft + verify calls (spec)
+    span(k), kv_bytes(k)                                     talker keys attended / KV bytes held after step k
+    reset()                                                  drop the caches
+
+`TorchBackend` is the PyTorch engine (CPU, or CUDA where the model lives there); `coreml_runtime.CoreMLBackend`
+runs exported Core ML functions on macOS.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .generate import FullCache, predict_codes
+from .sampling import SamplingParams
+from .spec import SpecDecoder, predict_codes_spec
+from .talker import Talker
+from .windowed import RingCache
+
+
+class TorchBackend:
+    """The torch engine: talker steps through a full cache (`FullCache`) or a window ring (`RingCache`), codes
+    1..15 from `predict_codes` / `predict_codes_spec`."""
+
+    name = "cpu"
+
+    def __init__(self, talker: Talker):
+        self.talker = talker
+        self.cache: FullCache | RingCache | None = None
+
+    def setup(self, prefix: int, max_frames: int, spec: SpecDecoder | None = None, window: int | None = None) -> int:
+        self.cache = RingCache(self.talker, prefix, window) if window else FullCache(self.talker, prefix, max_frames)
+        cp = self.talker.code_predictor
+        cp.model.setup_cache(cp.cfg.num_code_groups + (spec.tree.size + 2 if spec else 0))
+        return max_frames
+
+    def prefill(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.cache.prefill(x)
+
+    def decode(self, x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.cache.step(x, k)
+
+    def predict(self, h, c0_embed, params: SamplingParams, generator) -> torch.Tensor:
+        return predict_codes(self.talker.code_predictor, h, c0_embed, params, generator)
+
+    def verify(self, h, c0_embed, params: SamplingParams, generator, spec: SpecDecoder) -> torch.Tensor:
+        return predict_codes_spec(self.talker.code_predictor, h, c0_embed, params, generator, spec)
+
+    def span(self, k: int) -> int:
+        return self.cache.span(k)
+
+    def kv_bytes(self, k: int) -> int:
+        return self.cache.kv_bytes(k)
+
+    def reset(self) -> None:
+        self.cache = None
