@@ -84,6 +84,7 @@ def build_parser() -> argparse.ArgumentParser:
         "(default 48); an approximation on a full-attention model until an adapted checkpoint exists"
     )
     s.add_argument("--codes", type=Path, help="also write the generated codes [frames x 16] as JSON to this file")
+    __import__("leapvox.app.coreml_cmd", fromlist=["add_backend_args"]).add_backend_args(s)
     s.add_argument("-q", "--quiet", action="store_true", help="print nothing but errors")
     s.set_defaults(func=cmd_speak)
 
@@ -183,6 +184,9 @@ def cmd_speak(args) -> int:
         raise UsageError("no output given", hint="add -o out.wav, -o - for standard output, or --play")
     if args.output and args.output != "-" and not Path(args.output).expanduser().parent.is_dir():
         raise UsageError(f"cannot write {args.output}: its folder does not exist")
+    from leapvox.app.coreml_cmd import check_backend, use_backend
+
+    check_backend(args)  # --backend ane off macOS: exit 2 before downloading or loading anything
     from leapvox.models.hub import resolve_model_path
 
     folder = resolve_model_path(
@@ -191,6 +195,7 @@ def cmd_speak(args) -> int:
     from leapvox.models.checkpoint import load_model
 
     model = load_model(folder, dtype=args.dtype)
+    use_backend(args, folder, model, _quiet_or(args, say))
     if args.play:
         from leapvox.app.live_cmd import speak_play
 

@@ -33,6 +33,57 @@ def _say(msg: str) -> None:
     print(f"leapvox: {msg}", file=sys.stderr, flush=True)
 
 
+# ---- --backend / --compute-units, shared by speak, compare, tui and calibrate-tree
+
+
+def add_backend_args(p, default: str = "auto", help: str | None = None) -> None:
+    """--backend and --compute-units on a command that runs the model."""
+    from leapvox.engine.modes import BACKEND_CHOICES, COMPUTE_UNIT_CHOICES
+
+    p.add_argument("--backend", choices=BACKEND_CHOICES, default=default,
+                   help=help or "what runs the talker and code predictor: cpu = PyTorch; ane = the model's Core ML "
+                   "export (leapvox export-coreml) on macOS 15+, Neural Engine; auto = ane on a Mac with coremltools "
+                   "and an export of this model, else cpu (default auto)")
+    p.add_argument("--compute-units", choices=COMPUTE_UNIT_CHOICES, default="cpu_and_ne",
+                   help="ane backend: where Core ML may run: cpu_and_ne (CPU + Neural Engine, default), all (also "
+                   "the GPU), cpu_only")
+
+
+def check_backend(args) -> None:
+    """--backend ane where Core ML predictions cannot run: a one-line usage error (exit 2) before any loading."""
+    if getattr(args, "backend", "auto") != "ane":
+        return
+    from leapvox.app.cli import UsageError
+    from leapvox.engine.coreml_runtime import unavailable_reason
+
+    why = unavailable_reason()
+    if why:
+        raise UsageError(why, hint="use --backend cpu")
+
+
+def calibration_backend(args) -> tuple[str, str]:
+    """calibrate-tree's (backend, device class) for the tree file: ('cpu', 'cpu'), or ('ane', this Mac's chip)."""
+    from leapvox.engine.coreml_runtime import device_class, unavailable_reason
+
+    check_backend(args)
+    if args.backend == "ane" or (args.backend == "auto" and unavailable_reason() is None):
+        return "ane", device_class()
+    return "cpu", "cpu"
+
+
+def use_backend(args, folder, model, say=_say) -> str:
+    """Resolve --backend for the model in `folder` and attach it to `model` (LoadedModel.backend): 'cpu' (torch,
+    nothing attached) or 'ane' (the Core ML functions of the model's newest export)."""
+    from leapvox.models.coreml_export import load_ane_backend, resolve_backend
+
+    check_backend(args)
+    backend = resolve_backend(getattr(args, "backend", "auto"), folder)
+    if backend == "ane":
+        model.backend = load_ane_backend(folder, model.tts.talker, args.compute_units, getattr(args, "model", None))
+        say(f"backend ane: Core ML ({args.compute_units}), {model.backend.export_dir.name}")
+    return backend
+
+
 def cmd_export_coreml(args) -> int:
     import os
     from dataclasses import replace
@@ -46,9 +97,12 @@ def cmd_export_coreml(args) -> int:
     if not model:
         raise UsageError("no model given", hint="pass --model qwen3-tts-0.6b, or --model PATH to a checkpoint folder")
     folder = resolve_model_path(model, pull=False)
-    tree, tree_file = load_tree(folder, "ane", "default")
-    if tree_file is None:
-        tree, tree_file = load_tree(folder)
+    from leapvox.engine.coreml_runtime import device_class
+
+    for backend, device in (("ane", device_class()), ("ane", "default"), ("cpu", "cpu")):  # this Mac's tree first
+        tree, tree_file = load_tree(folder, backend, device)
+        if tree_file is not None:
+            break
     settings = ExportSettings(weights=args.weights, prefill_len=args.prefill_len, context=args.context,
                               codec_chunk=args.codec_chunk,
                               tree_paths=tuple(tree.paths()[1:]),
@@ -87,7 +141,7 @@ def print_exports() -> None:
     from leapvox.models.catalog import human_size
     from leapvox.models.hub import leapvox_dirs
 
-    root = leapvox_dirs()["coreml"]
+    root = leapvox_dirs()["coreml"]  # in leapvox's data folder
     rows = []
     for m in sorted(root.glob("*/manifest.json")) if root.is_dir() else []:
         try:

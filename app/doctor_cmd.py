@@ -158,10 +158,12 @@ def coreml_status(offered: tuple[str, ...]) -> dict:
     except ImportError:
         return {"ready": False, "detail": "coremltools is not installed (pip install 'leapvox[coreml]')"}
     ane = "Apple silicon (Neural Engine)" if platform.machine() == "arm64" else "Intel Mac (no Neural Engine)"
-    if "coreml" not in offered:
-        return {"ready": False, "detail": f"coremltools {coremltools.__version__} on {ane}, but this leapvox has no "
-                "Core ML backend yet"}
-    return {"ready": True, "detail": f"coremltools {coremltools.__version__} on {ane}"}
+    if "ane" not in offered:
+        from leapvox.engine.coreml_runtime import unavailable_reason
+
+        return {"ready": False, "detail": f"coremltools {coremltools.__version__} on {ane}: {unavailable_reason()}"}
+    return {"ready": True, "detail": f"coremltools {coremltools.__version__} on {ane}: --backend ane runs a model "
+            "after leapvox export-coreml"}
 
 
 def audio() -> dict:

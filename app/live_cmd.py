@@ -21,6 +21,7 @@ def add_commands(sub) -> None:
     _model_args(t)
     t.add_argument("--device", help="output device number or name (see 'leapvox devices')")
     t.add_argument("--save-dir", type=Path, default=Path("."), help="where 'Save WAV' writes (default: here)")
+    _backend_args(t)
     t.set_defaults(func=cmd_tui)
 
     c = sub.add_parser(
@@ -38,10 +39,17 @@ def add_commands(sub) -> None:
     c.add_argument("--seed", type=int, default=0, help="random seed shared by all modes (default 0)")
     c.add_argument("--max-frames", type=int, help="stop each sentence after N frames")
     c.add_argument("--greedy", action="store_true", help="argmax instead of sampling")
+    _backend_args(c)
     c.set_defaults(func=cmd_compare)
 
     d = sub.add_parser("devices", help="list audio output devices (for --device)")
     d.set_defaults(func=cmd_devices)
+
+
+def _backend_args(p) -> None:
+    from leapvox.app.coreml_cmd import add_backend_args
+
+    add_backend_args(p)
 
 
 def _load(args):
@@ -74,16 +82,21 @@ def cmd_tui(args) -> int:
 
         raise UsageError(f"--save-dir {args.save_dir} is not a folder")
     model = _require_model(args)
+    from leapvox.app.coreml_cmd import check_backend
+    from leapvox.models.coreml_export import resolve_backend
     from leapvox.models.hub import resolve_model_path
 
+    check_backend(args)
     folder = resolve_model_path(model, pull=False)  # a bad --model fails here, before the screen opens
+    backend = resolve_backend(args.backend, folder)
     try:
         device = resolve_device(args.device)
     except AudioUnavailable:
         device = None  # the TUI says so itself
     from leapvox.app.tui.app import LeapvoxApp
 
-    LeapvoxApp(str(Path(folder).resolve()), dtype=args.dtype, device=device, save_dir=args.save_dir).run()
+    LeapvoxApp(str(Path(folder).resolve()), dtype=args.dtype, device=device, save_dir=args.save_dir,
+               backend=backend, compute_units=args.compute_units).run()
     return 0
 
 
@@ -99,7 +112,13 @@ def cmd_compare(args) -> int:
         raise UsageError(f"unknown mode {unknown[0]!r}", hint=f"this build offers: {', '.join(MODES)}")
     if not args.text.strip():
         raise UsageError("the text is empty", hint="give some words to speak")
+    from leapvox.app.coreml_cmd import check_backend, use_backend
+
+    check_backend(args)
     model = _load(args)
+    if use_backend(args, model.path, model) == "ane" and not args.modes and "windowed" in modes:
+        modes = tuple(m for m in modes if m != "windowed")
+        say("the ane backend has no windowed mode (not exported): comparing " + ", ".join(modes))
     opts = replace(model.defaults, seed=args.seed, language=args.language, speaker=args.speaker or None)
     if args.max_frames is not None:
         opts = replace(opts, max_frames=args.max_frames)

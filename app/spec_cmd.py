@@ -51,6 +51,11 @@ def add_commands(sub) -> None:
     c.add_argument("--utterances", type=int, default=10)
     c.add_argument("--data", type=Path, help="ground-truth codes from a build-data folder (test split)")
     c.add_argument("--json", type=Path, help="also write the measurements here")
+    from leapvox.app.coreml_cmd import add_backend_args
+
+    add_backend_args(c, default="cpu", help="where the verify call's cost is timed: cpu = torch here (default); "
+                     "ane = this Mac's Core ML, exporting the verify function at each N (one conversion per N, "
+                     "minutes each); auto = ane where Core ML runs. Trees are stored per model, backend and device")
     c.set_defaults(func=cmd_calibrate_tree)
 
     b = sub.add_parser("bench-spec", help="benchmark spec vs ar decoding of the code predictor (table + JSON)")
@@ -156,6 +161,11 @@ def cmd_calibrate_tree(args) -> int:
     from leapvox.models.spec_assets import load_offsets, save_tree, tree_path
     from leapvox.models.spec_recipes import expected_accepted, grow_tree, rank_acceptance, verify_over_ar
 
+    from .coreml_cmd import calibration_backend
+
+    backend, device = calibration_backend(args)  # --backend ane off macOS: exit 2 here
+    if backend == "ane":
+        args.dtype = "fp32"  # the Core ML export converts fp32 weights
     folder, model = _load(args)
     cp = model.tts.talker.code_predictor
     offsets, _ = load_offsets(folder, cp.cfg.hidden_size)
@@ -163,9 +173,14 @@ def cmd_calibrate_tree(args) -> int:
     depth = 3 if offsets is None else offsets.shape[-2]
     acc = rank_acceptance(cp, frames, offsets, depth, ranks=16)
     results = []
-    for n in (4, 8, 16, 32, 64):
-        tree = grow_tree(acc, n)
-        ratio = verify_over_ar(cp, tree.size)
+    trees = [grow_tree(acc, n) for n in (4, 8, 16, 32, 64)]
+    ane = None
+    if backend == "ane":  # the exported verify function at each N, timed by Core ML on this Mac
+        from leapvox.models.coreml_export import profile_verify
+
+        ane = profile_verify(model.tts.talker, trees, offsets, args.compute_units, say=_say)
+    for tree in trees:
+        ratio = ane[tree.size]["verify_over_ar"] if ane else verify_over_ar(cp, tree.size)
         gain = (1 + expected_accepted(tree, acc)) / ratio
         results.append({"N": tree.size, "expected_tokens_per_call": 1 + expected_accepted(tree, acc),
                          "verify_over_ar_cost": ratio, "speedup_estimate": gain, "paths": tree.paths()[1:]})
@@ -176,9 +191,12 @@ def cmd_calibrate_tree(args) -> int:
     best = max(results, key=lambda r: r["speedup_estimate"])
     from leapvox.engine.spec import DraftTree
 
-    path = save_tree(tree_path(folder), DraftTree.from_paths(tuple(p) for p in best["paths"]),
-                     {"N": best["N"], "rank_acceptance": acc, "measured": results})
+    path = save_tree(tree_path(folder, backend, device), DraftTree.from_paths(tuple(p) for p in best["paths"]),
+                     {"N": best["N"], "rank_acceptance": acc, "measured": results, "backend": backend,
+                      "device": device, **({"compute_units": args.compute_units} if ane else {})})
     _say(f"chose N={best['N']}: {path}")
+    if ane:
+        _say(f"the ane backend runs the tree of its export: leapvox export-coreml --model {args.model} (re-export)")
     if args.json:
         args.json.write_text(json.dumps({"rank_acceptance": acc, "trees": results}, indent=1))
     return 0

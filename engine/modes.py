@@ -15,8 +15,18 @@ MODE_HELP = {
 }
 
 
+# --backend: `cpu` = the torch engine, `ane` = Core ML on macOS (coreml_runtime), `auto` = ane where it can run
+# and the model has a Core ML export, else cpu. --compute-units: where Core ML may run the ane backend's functions.
+BACKEND_CHOICES: tuple[str, ...] = ("auto", "cpu", "ane")
+COMPUTE_UNIT_CHOICES: tuple[str, ...] = ("cpu_and_ne", "all", "cpu_only")
+
+
 def available_backends() -> tuple[str, ...]:
-    """Backends usable on this machine: `cpu` (torch) always, `cuda` when torch sees a GPU."""
+    """Backends usable on this machine: `cpu` (torch) always, `cuda` when torch sees a GPU, `ane` when Core ML
+    predictions can run (macOS 15+ with coremltools; the model still needs an export)."""
     import torch
 
-    return ("cpu", "cuda") if torch.cuda.is_available() else ("cpu",)
+    from .coreml_runtime import unavailable_reason
+
+    out = ("cpu", "cuda") if torch.cuda.is_available() else ("cpu",)
+    return out + ("ane",) if unavailable_reason() is None else out

@@ -2,7 +2,7 @@
 .mlpackage assets with shared weights, KV caches as states (macOS 15), and the codec decoder as one streaming
 step with its carried state as inputs/outputs; fp16 compute, W8A16 or fp16 weights.
 
-Assets land in `<leapvox coreml folder>/<model key>-<revision>-<settings>/` (see `leapvox paths`), written into
+Assets land in `<leapvox data folder>/coreml/<model key>-<revision>-<settings>/` (see `leapvox paths`), written into
 a temporary folder beside it and renamed into place, with a manifest.json describing every function.
 Conversion runs anywhere coremltools installs; running the assets needs macOS 15.
 """
@@ -88,6 +88,47 @@ def export_root() -> Path:
     from .hub import leapvox_dirs
 
     return leapvox_dirs()["coreml"]
+
+
+def find_export(folder: Path) -> Path | None:
+    """The newest export of the model in `folder` (this revision) that holds a talker and a predictor, or None."""
+    import glob
+
+    from .spec_assets import model_key
+
+    root, best = export_root(), None
+    pattern = f"{glob.escape(f'{model_key(folder)}-{model_revision(folder)}-')}*/{MANIFEST}"
+    for manifest in root.glob(pattern) if root.is_dir() else []:
+        try:
+            d = json.loads(manifest.read_text())
+        except (OSError, ValueError):
+            continue
+        if {"talker", "predictor"} <= set(d.get("parts", {})) and (best is None or d.get("created", 0) > best[0]):
+            best = (d.get("created", 0), manifest.parent)
+    return best[1] if best else None
+
+
+def resolve_backend(requested: str, folder: Path) -> str:
+    """`auto` -> `ane` where Core ML predictions run (macOS 15+, coremltools) and the model has an export, else
+    `cpu`; `cpu` and `ane` stay as they are."""
+    if requested != "auto":
+        return requested
+    from leapvox.engine.coreml_runtime import unavailable_reason
+
+    return "ane" if unavailable_reason() is None and find_export(folder) is not None else "cpu"
+
+
+def load_ane_backend(folder: Path, talker: Talker, compute_units: str = "cpu_and_ne", model_name: str | None = None):
+    """The Core ML backend over this model's newest export; one-line errors (exit 2) with a hint otherwise."""
+    from leapvox.engine.coreml_runtime import check_available, load_backend
+    from leapvox.engine.errors import InputError
+
+    check_available()
+    export = find_export(folder)
+    if export is None:
+        raise InputError(f"no Core ML export of this model in {export_root()}",
+                         hint=f"leapvox export-coreml --model {model_name or folder}, or use --backend cpu")
+    return load_backend(export, talker, compute_units)
 
 
 def model_revision(folder: Path) -> str:
@@ -472,6 +513,60 @@ def export_model(folder: Path, settings: ExportSettings, say: Callable[[str], No
     meta = {"model": str(Path(folder).resolve()), "revision": model_revision(folder),
             "offsets": str(opath) if opath else None}
     return dest, export_modules(talker, dest, settings, offsets, meta, say, codec=model.codec)
+
+
+# ---------------------------------------------------------------------------------------------------- tree size
+
+
+def time_verify_over_ar(fns: dict, manifest: dict, repeats: int = 20) -> dict[str, float]:
+    """Median seconds of the exported predictor's `ar` and `verify` calls (inputs of the exported shapes, one
+    shared state) and their ratio. `fns` are function models with Core ML's predict(inputs, state) interface."""
+    part = manifest["parts"]["predictor"]
+    fp = np.float32 if part.get("compute") == "fp32" else np.float16
+    rng = np.random.default_rng(0)
+
+    def feed(name):
+        spec = part["functions"][name]["inputs"]
+        t = spec["positions"][0]
+        return {"rows": rng.standard_normal(spec["rows"]).astype(fp), "positions": np.arange(1, t + 1, dtype=np.int32),
+                "slots": np.arange(t, dtype=np.int32), "mask": np.zeros(spec["mask"], dtype=fp),
+                "k": np.ones(1, dtype=np.int32)}
+
+    state = fns["ar"].make_state()
+    out = {}
+    for name in ("ar", "verify"):
+        inputs, times = feed(name), []
+        for i in range(repeats + 3):  # 3 warm-up calls
+            t0 = time.perf_counter()
+            fns[name].predict(inputs, state)
+            if i >= 3:
+                times.append(time.perf_counter() - t0)
+        out[f"{name}_s"] = float(np.median(times))
+    out["verify_over_ar"] = out["verify_s"] / out["ar_s"]
+    return out
+
+
+def profile_verify(talker: Talker, trees: list[DraftTree], offsets: torch.Tensor | None,
+                   compute_units: str = "cpu_and_ne", weights: str = "w8a16", say: Callable[[str], None] = print,
+                   load=None) -> dict[int, dict[str, float]]:
+    """For each draft tree: export the predictor with that verify function (a temporary package), load it with
+    `compute_units` and time verify against ar on this machine (`load(package, names, units)` defaults to
+    coreml_runtime.load_functions, i.e. Core ML on macOS). Returns N -> time_verify_over_ar's figures."""
+    from leapvox.engine.coreml_runtime import load_functions
+
+    out = {}
+    with tempfile.TemporaryDirectory(prefix="leapvox-calibrate-") as tmp:
+        for tree in trees:
+            settings = ExportSettings(weights=weights, tree_paths=tuple(tree.paths()[1:]), drafts=tree.max_depth,
+                                      parts=("predictor",))
+            dest = Path(tmp) / f"n{tree.size}"
+            say(f"exporting a verify function over N={tree.size} draft nodes to time it ...")
+            manifest = export_modules(talker, dest, settings, offsets, say=lambda m: None)
+            fns = (load or load_functions)(dest / "predictor.mlpackage", ["ar", "verify"], compute_units)
+            out[tree.size] = time_verify_over_ar(fns, manifest)
+            say(f"N={tree.size}: verify {out[tree.size]['verify_s'] * 1e3:.2f} ms = "
+                f"{out[tree.size]['verify_over_ar']:.2f} x an ar call")
+    return out
 
 
 def human_bytes(n: float) -> str:

@@ -60,7 +60,7 @@ def leapvox_dirs() -> dict[str, Path]:
         "manifests": data / "manifests",
         "offsets": data / "offsets",
         "trees": data / "trees",
-        "coreml": cache / "coreml",
+        "coreml": data / "coreml",
         "settings": config / "settings.json",
     }
 

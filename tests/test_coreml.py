@@ -4,7 +4,6 @@ figures, and the conversion of a tiny checkpoint with its .mlpackage inspected. 
 from __future__ import annotations
 
 import copy
-import sys
 
 import pytest
 import torch
@@ -404,7 +403,7 @@ class CoreMLCall:
         return got if len(got) > 1 else got[0]
 
 
-@pytest.mark.skipif(sys.platform != "darwin", reason="Core ML runtime only on macOS")
+@pytest.mark.macos  # skipped off macOS: Core ML predictions cannot run on Linux (conftest.py)
 @torch.no_grad()
 def test_coreml_predictor_matches_the_wrappers(tiny_model, tmp_path):  # pragma: no cover - macOS only
     """On a Mac: greedy spec frames through the exported predictor (fp16 weights) against the torch wrappers."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import sys
 from dataclasses import replace
 from importlib.metadata import version
 
@@ -117,7 +118,8 @@ def test_json_report(capsys, monkeypatch):
     assert r["backends"]["cpu"]["ready"] is True
     if not torch.cuda.is_available():
         assert r["backends"]["cuda"]["ready"] is False and r["backends"]["cuda"]["detail"]
-    assert r["backends"]["coreml"]["ready"] is False  # leapvox has no Core ML backend yet, on any platform
+    if sys.platform != "darwin":  # Core ML predictions need macOS
+        assert r["backends"]["coreml"]["ready"] is False and "macOS" in r["backends"]["coreml"]["detail"]
     assert r["audio"]["portaudio"] == "PortAudio V19.7.0-fake" and r["audio"]["devices"] == []
     assert "no output device" in r["audio"]["why_none"]
     assert set(r["paths"]) == {"hf-cache", "data", "config", "cache"}

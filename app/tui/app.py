@@ -52,14 +52,18 @@ class LeapvoxApp(App):
         device: int | None = None,
         player_factory: Callable[[int], Player] | None = None,
         save_dir: Path | str = ".",
+        backend: str = "cpu",
+        compute_units: str = "cpu_and_ne",
     ):
         """`model` (a LoadedModel) skips loading `model_path`; `options` are the SynthesisOptions to start from
-        (the model's defaults otherwise); `player_factory(sample_rate)` replaces the sound-card player."""
+        (the model's defaults otherwise); `player_factory(sample_rate)` replaces the sound-card player; `backend`
+        is the one selected at the start (cpu, cuda or ane; ane runs with `compute_units`)."""
         super().__init__()
         self.model_path, self.model, self.dtype, self.options = model_path, model, dtype, options
         self.device, self.player_factory, self.save_dir = device, player_factory, Path(save_dir)
         self.audio_off: str | None = None  # why there is no sound, once known
-        self.backend = "cpu"
+        self.backend = "cpu"  # what runs the model now; the selector's choice is applied before each utterance
+        self.first_backend, self.compute_units = backend, compute_units
         self.busy = False
         self.spoken = 0
 
@@ -68,7 +72,9 @@ class LeapvoxApp(App):
         yield ModelInfo(id="model-info")
         yield TextArea(id="text", placeholder="Type something to say, then press Speak (F5); Stop is F8.")
         with Horizontal(id="controls"):
-            yield VoiceBar(MODES, available_backends(), id="voice")
+            offered = available_backends()
+            first = (self.first_backend,) if self.first_backend in offered else ()
+            yield VoiceBar(MODES, first + tuple(b for b in offered if b not in first), id="voice")
             yield Button("Speak", id="speak", variant="success", disabled=True)
             yield Button("Stop", id="stop", variant="error", disabled=True)
         with Horizontal(id="panels"):
@@ -229,8 +235,14 @@ class LeapvoxApp(App):
         if backend != self.backend:
             import torch
 
-            self.model.tts.to(torch.device(backend))
-            self.model.codec.to(torch.device(backend))
+            device = torch.device("cpu" if backend == "ane" else backend)  # ane: host lookups on the CPU
+            self.model.tts.to(device)
+            self.model.codec.to(device)
+            self.model.backend, self.backend = None, device.type
+            if backend == "ane":  # the Core ML functions of the model's export (an error names the command)
+                from leapvox.models.coreml_export import load_ane_backend
+
+                self.model.backend = load_ane_backend(self.model.path, self.model.tts.talker, self.compute_units)
             self.backend = backend
 
     def on_speech_progress(self, msg: SpeechProgress) -> None:
