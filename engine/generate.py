@@ -13,6 +13,7 @@ import torch
 
 from .code_predictor import CodePredictor
 from .options import SynthesisOptions
+from .predictor_loop import loop_for, predict_codes_reference
 from .prompt import Prompt
 from .sampling import SamplingParams, code0_logits, pick, suppress_mask_for
 from .spec import SpecDecoder, SpecStats
@@ -45,17 +46,13 @@ def predict_codes(
     params: SamplingParams,
     generator: torch.Generator | None,
 ) -> torch.Tensor:
-    """Codes 1..15 of one frame [B, 15] from the talker's normed hidden [B, 1, H] and C(code 0) [B, 1, H]."""
-    x = cp.prefill_rows(talker_hidden, code0_embed)  # [B, 2, Hc]
-    start = 0
-    codes = []
-    for head in range(cp.num_heads):
-        h = cp.model(x, start)[:, -1]  # [B, Hc]
-        codes.append(pick(cp.lm_head[head](h).float(), params, generator))
-        start += x.shape[1]
-        if head + 1 < cp.num_heads:
-            x = cp.embed(head + 1, codes[-1][:, None])  # [B, 1, Hc]
-    return torch.stack(codes, dim=1)
+    """Codes 1..15 of one frame [B, 15] from the talker's normed hidden [B, 1, H] and C(code 0) [B, 1, H].
+
+    Batch 1 runs the overhead-free loop (predictor_loop.PredictorLoop: the same bits and random draws as the
+    plain module loop, predict_codes_reference, which batches use)."""
+    if talker_hidden.shape[0] == 1:
+        return loop_for(cp)(talker_hidden, code0_embed, params, generator)
+    return predict_codes_reference(cp, talker_hidden, code0_embed, params, generator)
 
 
 class FullCache:

@@ -1,0 +1,209 @@
+"""The code predictor's 15-code ar loop for batch 1, without generic machinery.
+
+`PredictorLoop` computes exactly what `predict_codes_reference` (the loop over `CodePredictor.forward`) computes,
+bit for bit in every weight format, with the same random draws in the same order; only the overhead goes:
+
+  - no module calls: the weights are read once into plain tensors and small product functions;
+  - its own K/V buffers, allocated once, in a layout that already repeats each KV head for its query heads
+    (no `repeat_interleave` per call); RoPE tables and the prefill mask are built once;
+  - q and k are normed and rotated together (one fused RMSNorm over the query and key heads, RoPE as two
+    multiplies with a half-swapped copy);
+  - both cores on fp32 matrix-vector products: PyTorch's fp32 product over one row runs on one thread, so
+    each single-row fp32 product is one batched product over the two halves of the weight's rows (torch.bmm
+    hands one half to each thread; the result is bit-identical). bf16 and int8 products use both threads
+    already.
+
+Measured on the 2-core box (contended): `leapvox bench` reports the predictor call as a multiple of its
+memory-bandwidth floor for this loop and for the reference loop.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .code_predictor import CodePredictor
+from .layers import rope_cos_sin, rope_inv_freq
+from .quant import ACT_DTYPE, DEQUANT_ROWS, Int8Linear
+from .sampling import SamplingParams, pick
+from .transformer import causal_mask
+
+Product = Callable[[torch.Tensor], torch.Tensor]
+
+
+def predict_codes_reference(
+    cp: CodePredictor,
+    talker_hidden: torch.Tensor,
+    code0_embed: torch.Tensor,
+    params: SamplingParams,
+    generator: torch.Generator | None,
+) -> torch.Tensor:
+    """The plain loop over the predictor's modules (the naive path the fast loop must equal): codes 1..15 [B, 15]
+    from the talker's normed hidden [B, 1, H] and C(code 0) [B, 1, H]. Uses the predictor's own KV cache."""
+    x = cp.prefill_rows(talker_hidden, code0_embed)  # [B, 2, Hc]
+    start = 0
+    codes = []
+    for head in range(cp.num_heads):
+        h = cp.model(x, start)[:, -1]  # [B, Hc]
+        codes.append(pick(cp.lm_head[head](h).float(), params, generator))
+        start += x.shape[1]
+        if head + 1 < cp.num_heads:
+            x = cp.embed(head + 1, codes[-1][:, None])  # [B, 1, Hc]
+    return torch.stack(codes, dim=1)
+
+
+def product(linear: nn.Module, split: bool) -> Product:
+    """x [T, K] -> linear(x) [T, N], bit-identical to calling the module, without the module call.
+
+    With `split`, a single-row fp32 product is one torch.bmm over the two halves of the weight's output rows,
+    which PyTorch runs on two threads (its fp32 matrix-vector product uses one)."""
+    if isinstance(linear, Int8Linear):
+        codes, scales = linear.codes, linear.scales
+        if linear.bias is not None:
+            return linear.forward
+
+        def int8(x: torch.Tensor) -> torch.Tensor:
+            if x.shape[0] > DEQUANT_ROWS:
+                return linear.forward(x)
+            return torch.ops.aten._weight_int8pack_mm(x.to(ACT_DTYPE), codes, scales).to(x.dtype)
+
+        return int8
+    if not isinstance(linear, nn.Linear):
+        return linear  # Identity, or a module we do not know: call it
+    w, b = linear.weight, linear.bias
+    n, k = w.shape
+    # a bias is added inside F.linear's product (not always the same bits as adding it after): no split then
+    if not (split and w.dtype == torch.float32 and n % 2 == 0 and b is None):
+        return lambda x: F.linear(x, w, b)
+    halves = w.view(2, n // 2, k).transpose(1, 2)  # [2, K, N/2]
+
+    def fp32(x: torch.Tensor) -> torch.Tensor:
+        if x.shape[0] != 1:
+            return F.linear(x, w)
+        return torch.bmm(x.expand(2, 1, k), halves).view(1, n)
+
+    return fp32
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """layers.RMSNorm as one fused kernel (normalise in fp32, cast back, scale); the same bits."""
+    return weight * F.rms_norm(x.float(), (x.shape[-1],), eps=eps).to(x.dtype)
+
+
+class _Layer:
+    """One decoder layer's weights as plain tensors and product functions."""
+
+    def __init__(self, layer, n_heads: int, n_kv: int, split: bool):
+        a = layer.self_attn
+        self.ln1, self.ln2 = layer.input_layernorm.weight, layer.post_attention_layernorm.weight
+        self.eps = layer.input_layernorm.eps
+        self.qk_eps = a.q_norm.eps
+        d = a.head_dim
+        # per-head norm weights of the q heads then the k heads: [nh + nkv, D]
+        self.qk_norm = torch.cat([a.q_norm.weight.expand(n_heads, d), a.k_norm.weight.expand(n_kv, d)])
+        self.q, self.k, self.v, self.o = (product(m, split) for m in (a.q_proj, a.k_proj, a.v_proj, a.o_proj))
+        mlp = layer.mlp
+        self.gate, self.up, self.down = (product(m, split) for m in (mlp.gate_proj, mlp.up_proj, mlp.down_proj))
+
+
+class PredictorLoop:
+    """The ar loop of one CodePredictor at batch 1 (see the module docstring). Build once per predictor and
+    thread setting (`CodePredictor`'s weights are read, not copied: in-place weight updates are seen; replaced
+    modules or moved weights need a new loop, see `loop_for`)."""
+
+    def __init__(self, cp: CodePredictor, split: bool | None = None):
+        cfg = cp.cfg
+        self.split = torch.get_num_threads() >= 2 if split is None else split
+        ref = cp.model.norm.weight
+        self.dtype, device = ref.dtype, ref.device
+        self.nh, self.nkv, self.d = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        self.positions = cfg.num_code_groups  # prefill rows 0, 1, then one row per code 1..14
+        self.layers = [_Layer(layer, self.nh, self.nkv, self.split) for layer in cp.model.layers]
+        self.norm, self.eps = cp.model.norm.weight, cp.model.norm.eps
+        self.heads = [product(h, self.split) for h in cp.lm_head]
+        self.tables = [e.weight for e in cp.model.codec_embedding]
+        self.project = product(cp.small_to_mtp_projection, self.split)
+        cos, sin = rope_cos_sin(rope_inv_freq(self.d, cfg.rope_theta), torch.arange(self.positions), self.dtype)
+        half = self.d // 2
+        self.cos = cos.to(device)[:, None]  # [P, 1, D]
+        # rotate_half(x) * sin == swap_halves(x) * (sin with its first half negated), exactly
+        self.sin = torch.cat([-sin[:, :half], sin[:, half:]], dim=-1).to(device)[:, None]
+        rep = self.nh // self.nkv
+        # K/V per layer [nkv, rep, P, D]: viewed as [1, nh, P, D] it is the GQA-repeated cache attention reads
+        shape = (self.nkv, rep, self.positions, self.d)
+        self.keys = [torch.zeros(shape, dtype=self.dtype, device=device) for _ in self.layers]
+        self.values = [torch.zeros(shape, dtype=self.dtype, device=device) for _ in self.layers]
+        self.prefill_mask = causal_mask(0, 2, device)
+
+    def _attend(self, L: _Layer, x: torch.Tensor, start: int, kc: torch.Tensor, vc: torch.Tensor) -> torch.Tensor:
+        """Rows x [T, Hc] at positions start.. -> attention output rows [T, nh * D] (K/V written to kc, vc)."""
+        t, nh, nkv, d = x.shape[0], self.nh, self.nkv, self.d
+        end = start + t
+        h = rms_norm(x, L.ln1, L.eps)
+        qk = torch.cat([L.q(h).view(t, nh, d), L.k(h).view(t, nkv, d)], dim=1)  # [T, nh + nkv, D]
+        qk = rms_norm(qk, L.qk_norm, L.qk_eps)
+        swapped = qk.view(t, nh + nkv, 2, d // 2).flip(2).view(t, nh + nkv, d)
+        qk = qk * self.cos[start:end] + swapped * self.sin[start:end]
+        kc[:, :, start:end] = qk[:, nh:].transpose(0, 1)[:, None]  # [nkv, 1, T, D] -> every repeat
+        vc[:, :, start:end] = L.v(h).view(t, nkv, d).transpose(0, 1)[:, None]
+        q = qk[:, :nh].transpose(0, 1)[None]  # [1, nh, T, D]
+        keys = kc.view(1, nh, self.positions, d)[:, :, :end]
+        values = vc.view(1, nh, self.positions, d)[:, :, :end]
+        mask = self.prefill_mask if t == 2 and start == 0 else causal_mask(start, t, x.device)
+        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask)  # [1, nh, T, D]
+        return out[0].transpose(0, 1).reshape(t, nh * d)
+
+    def hidden(self, x: torch.Tensor, start: int) -> torch.Tensor:
+        """Rows x [T, Hc] at positions start..start+T-1 -> the last row's final-normed hidden [1, Hc]."""
+        for L, kc, vc in zip(self.layers, self.keys, self.values, strict=True):
+            x = x + L.o(self._attend(L, x, start, kc, vc))
+            h = rms_norm(x, L.ln2, L.eps)
+            x = x + L.down(F.silu(L.gate(h)) * L.up(h))
+        return rms_norm(x[-1:], self.norm, self.eps)
+
+    @torch.inference_mode()
+    def _codes(self, talker_hidden, code0_embed, params, generator) -> torch.Tensor:
+        x = self.project(torch.cat([talker_hidden[0], code0_embed[0]]))  # [2, Hc]
+        h = self.hidden(x, 0)
+        codes = []
+        for head, lm_head in enumerate(self.heads):
+            code = pick(lm_head(h).float(), params, generator)  # [1]
+            codes.append(code)
+            if head + 1 < len(self.heads):
+                h = self.hidden(self.project(F.embedding(code, self.tables[head])), head + 2)
+        return torch.stack(codes, dim=1)
+
+    def __call__(
+        self,
+        talker_hidden: torch.Tensor,
+        code0_embed: torch.Tensor,
+        params: SamplingParams,
+        generator: torch.Generator | None,
+    ) -> torch.Tensor:
+        """Codes 1..15 of one frame [1, 15] from the talker's normed hidden [1, 1, H] and C(code 0) [1, 1, H]."""
+        if talker_hidden.shape[0] != 1:
+            raise ValueError("PredictorLoop runs batch 1; use predict_codes_reference for batches")
+        codes = self._codes(talker_hidden, code0_embed, params, generator)
+        return codes if torch.is_inference_mode_enabled() else codes.clone()
+
+
+def _signature(cp: CodePredictor) -> tuple:
+    """What a built loop depends on: the thread setting and the identity and storage of every weight."""
+    weights = [*cp.parameters()] + [b for m in cp.modules() if isinstance(m, Int8Linear) for b in (m.codes, m.scales)]
+    return (torch.get_num_threads(), *((id(w), w.data_ptr()) for w in weights))
+
+
+_LOOPS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def loop_for(cp: CodePredictor) -> PredictorLoop:
+    """The predictor's PredictorLoop, built on first use and again when its weights or the thread count changed."""
+    sig = _signature(cp)
+    cached = _LOOPS.get(cp)
+    if cached is None or cached[0] != sig:
+        cached = _LOOPS[cp] = (sig, PredictorLoop(cp))
+    return cached[1]

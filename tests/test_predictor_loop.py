@@ -1,0 +1,104 @@
+"""The overhead-free predictor loop equals the plain module loop bit for bit, with the same random draws."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from leapvox.engine.code_predictor import CodePredictor
+from leapvox.engine.config import CodePredictorConfig
+from leapvox.engine.generate import predict_codes
+from leapvox.engine.predictor_loop import PredictorLoop, loop_for, predict_codes_reference
+from leapvox.engine.quant import Int8Linear
+from leapvox.engine.sampling import SamplingParams
+
+CFG = CodePredictorConfig(
+    hidden_size=64,
+    intermediate_size=96,
+    num_hidden_layers=3,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    vocab_size=128,
+)
+
+
+def predictor(weights: str, talker_hidden: int = 48, seed: int = 0) -> CodePredictor:
+    """A random predictor (talker_hidden != hidden: with the 1.7B input projection) in `weights` format."""
+    torch.manual_seed(seed)
+    cp = CodePredictor(CFG, talker_hidden).eval()
+    with torch.no_grad():
+        for m in cp.modules():  # non-trivial norm weights and sharp heads, so that bit differences would show
+            if type(m).__name__ == "RMSNorm":
+                m.weight.normal_(1.0, 0.3)
+        for head in cp.lm_head:
+            head.weight.mul_(6)
+    if weights == "bf16":
+        cp = cp.to(torch.bfloat16)
+    if weights == "int8":
+        for parent in list(cp.modules()):
+            for name, child in list(parent.named_children()):
+                if isinstance(child, torch.nn.Linear):
+                    setattr(parent, name, Int8Linear.from_linear(child))
+    cp.model.setup_cache(CFG.num_code_groups)
+    return cp
+
+
+@pytest.mark.parametrize("weights", ["fp32", "bf16", "int8"])
+@pytest.mark.parametrize("split", [False, True])
+def test_fast_loop_equals_module_loop(weights, split):
+    cp = predictor(weights)
+    loop = PredictorLoop(cp, split=split)
+    dtype = cp.model.norm.weight.dtype
+    for do_sample in (True, False):
+        params = SamplingParams(do_sample=do_sample, temperature=0.9, top_k=20)
+        for seed in range(6):
+            g = torch.Generator().manual_seed(seed)
+            h, e = torch.randn(2, 1, 1, 48, generator=g).to(dtype)
+            g_ref, g_fast = torch.Generator().manual_seed(seed), torch.Generator().manual_seed(seed)
+            with torch.inference_mode():
+                ref = predict_codes_reference(cp, h, e, params, g_ref)
+                rows = cp.prefill_rows(h, e)
+                hidden_ref = cp.model(rows, 0)[:, -1]
+            fast = loop(h, e, params, g_fast)
+            assert torch.equal(fast, ref), (weights, split, do_sample, seed)
+            assert torch.equal(g_fast.get_state(), g_ref.get_state())  # the same draws, in the same order
+            with torch.inference_mode():
+                assert torch.equal(loop.hidden(rows[0], 0), hidden_ref)  # bit for bit, not just the same codes
+
+
+def test_split_product_uses_two_halves_and_keeps_bits():
+    from leapvox.engine.predictor_loop import product
+
+    for out_features, bias in ((10, True), (64, False), (9, False)):  # biased or odd: the plain product
+        lin = torch.nn.Linear(32, out_features, bias=bias)
+        for rows in (1, 3):
+            x = torch.randn(rows, 32)
+            assert torch.equal(product(lin, split=True)(x), lin(x)), (out_features, bias, rows)
+
+
+def test_predict_codes_runs_the_loop_and_rebuilds_when_weights_change():
+    cp = predictor("fp32")
+    params = SamplingParams(do_sample=False)
+    h, e = torch.randn(2, 1, 1, 48)
+    first = loop_for(cp)
+    assert loop_for(cp) is first  # cached
+    greedy = predict_codes(cp, h, e, params, None)
+    assert not greedy.is_inference()  # usable outside inference mode
+    with torch.no_grad():
+        cp.lm_head[3].weight.mul_(-1)  # in place: the loop reads the live weights
+    assert loop_for(cp) is first
+    assert torch.equal(predict_codes(cp, h, e, params, None), predict_codes_reference(cp, h, e, params, None))
+    cp.lm_head[3] = torch.nn.Linear(CFG.hidden_size, CFG.vocab_size, bias=False)  # a replaced module: rebuilt
+    assert loop_for(cp) is not first
+    assert torch.equal(predict_codes(cp, h, e, params, None), predict_codes_reference(cp, h, e, params, None))
+
+
+def test_batches_take_the_module_loop():
+    cp = predictor("fp32")
+    cp.model.setup_cache(CFG.num_code_groups, batch=2)
+    h, e = torch.randn(2, 2, 1, 48)
+    params = SamplingParams(do_sample=False)
+    assert torch.equal(predict_codes(cp, h, e, params, None), predict_codes_reference(cp, h, e, params, None))
+    with pytest.raises(ValueError, match="batch 1"):
+        PredictorLoop(cp)(h, e, params, None)
