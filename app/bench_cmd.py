@@ -30,6 +30,13 @@ def add_commands(sub) -> None:
         action="store_true",
         help="also run the official qwen-tts on the same checkpoint (needs the reference virtualenv)",
     )
+    b.add_argument("--threads", type=int, help="torch threads, here and in every worker (default: torch's own choice)")
+    b.add_argument("--window", type=int, help="windowed mode's window in frames (default half of --frames, <= 48)")
+    b.add_argument(
+        "--acceptance",
+        type=Path,
+        help="a calibrate-tree JSON (rank acceptance): turns verify costs into the speedup-vs-N curve",
+    )
     b.add_argument("--json", type=Path, default=Path("bench.json"), help="where to write the raw numbers")
     b.add_argument("--no-plots", action="store_true", help="do not write the PNG plots")
     b.set_defaults(func=cmd_bench)
@@ -54,12 +61,29 @@ def cmd_bench(args) -> int:
         raise UsageError("--frames must be >= 2 and --repeats >= 1")
     if args.json.parent and not args.json.expanduser().parent.is_dir():
         raise UsageError(f"cannot write {args.json}: its folder does not exist")
+    if (args.threads is not None and args.threads < 1) or (args.window is not None and args.window < 1):
+        raise UsageError("--threads and --window must be >= 1")
+    if args.acceptance is not None and not args.acceptance.is_file():
+        raise UsageError(f"no acceptance file {args.acceptance}", hint="write one with leapvox calibrate-tree --json")
 
     def say(msg: str) -> None:
         print(f"leapvox: {msg}", file=sys.stderr, flush=True)
 
+    if args.threads:
+        import os
+
+        import torch
+
+        os.environ["OMP_NUM_THREADS"] = str(args.threads)  # the workers and the official run start with it
+        torch.set_num_threads(args.threads)
     from leapvox.app.files import write_text_atomic
     from leapvox.models import bench
+
+    if args.acceptance is not None:
+        try:
+            bench.read_acceptance(args.acceptance)
+        except ValueError as e:  # also a file that is not JSON
+            raise UsageError(str(e), hint="write one with leapvox calibrate-tree --json") from None
 
     if args.model is not None:
         from leapvox.models.checkpoint import check_folder
@@ -67,7 +91,17 @@ def cmd_bench(args) -> int:
         folder = check_folder(args.model)
     else:
         folder = bench.checkpoint_for(args.model_size, say=say)
-    result = bench.run_bench(folder, weights, modes, args.frames, args.repeats, official=args.vs_official, say=say)
+    result = bench.run_bench(
+        folder,
+        weights,
+        modes,
+        args.frames,
+        args.repeats,
+        official=args.vs_official,
+        say=say,
+        window=args.window,
+        acceptance=args.acceptance,
+    )
     print(bench.table(result))
     write_text_atomic(args.json, json.dumps(result, indent=1))
     plots = [] if args.no_plots else bench.plot(result, args.json)

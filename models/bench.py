@@ -489,38 +489,54 @@ def talker_step_times(talker, frames: int, prompt: int = 48) -> list[float]:
 
 @torch.inference_mode()
 def predictor_call_times(cp, sizes=TREE_SIZES, repeats: int = 5, prefix: int = 8) -> dict:
-    """Per call: an ar call (1 row + its head) and verify calls over N draft nodes (N+1 rows under a tree mask,
-    one head), each after `prefix` cached rows, timed back to back round-robin."""
+    """Per call, after `prefix` cached rows: an ar call (1 row + its head) through the hot loop
+    (engine.predictor_loop) and through the predictor's modules ("module", the generic path), and verify calls over
+    N draft nodes (N+1 rows under a tree mask, one head), all timed back to back round-robin."""
+    from leapvox.engine.predictor_loop import PredictorLoop
+
     hc = cp.cfg.hidden_size
     dtype = cp.model.norm.weight.dtype
     cp.model.setup_cache(prefix + max(sizes) + 2)
+    loop = PredictorLoop(cp)
     g = torch.Generator().manual_seed(0)
     x0 = torch.randn(1, prefix, hc, generator=g).to(dtype)
     cp.model(x0, 0)
+    loop.hidden(x0[0], 0)
     rows = {n: torch.randn(1, n + 1, hc, generator=g).to(dtype) for n in (0, *sizes)}
     masks = {n: torch.ones(n + 1, prefix + n + 1, dtype=torch.bool) if n else None for n in rows}
     head = cp.lm_head[0]
-    times: dict[int, list[float]] = {n: [] for n in rows}
+    calls = {"fast": lambda: loop.heads[0](loop.hidden(rows[0][0], prefix))}
+    for n in rows:
+        calls[n] = lambda n=n: head(cp.model(rows[n], prefix, masks[n])[:, -1])
+    times: dict = {name: [] for name in calls}
     for i in range(repeats + 1):
-        for n in rows:
+        for name, call in calls.items():
             t0 = time.perf_counter()
-            head(cp.model(rows[n], prefix, masks[n])[:, -1])
+            call()
             if i:
-                times[n].append(time.perf_counter() - t0)
-    return {"ar": _summary(times[0]), "verify": {str(n): _summary(times[n]) for n in sizes}}
+                times[name].append(time.perf_counter() - t0)
+    return {
+        "ar": _summary(times["fast"]),
+        "ar_module": _summary(times[0]),
+        "verify": {str(n): _summary(times[n]) for n in sizes},
+    }
 
 
 @torch.inference_mode()
-def predictor_frame_times(cp, params, frames: int) -> list[float]:
-    """Seconds of the whole 15-code ar loop (calls, sampling, embeddings) per frame, on random inputs."""
+def predictor_frame_times(cp, params, frames: int, module_loop: bool = False) -> list[float]:
+    """Seconds of the whole 15-code ar loop (calls, sampling, embeddings) per frame, on random inputs: the hot loop
+    leapvox runs (`predict_codes`), or with `module_loop` the plain loop over the predictor's modules."""
     from leapvox.engine.generate import predict_codes
+    from leapvox.engine.predictor_loop import predict_codes_reference
 
     g = torch.Generator().manual_seed(0)
     dtype = cp.model.norm.weight.dtype
     th = cp.model.codec_embedding[0].weight.shape[1]
     cp.model.setup_cache(cp.cfg.num_code_groups)
     h, e = torch.randn(1, 1, th, generator=g).to(dtype), torch.randn(1, 1, th, generator=g).to(dtype)
-    return _timed(lambda: predict_codes(cp, h, e, params, g), frames)
+    run = predict_codes_reference if module_loop else predict_codes
+    run(cp, h, e, params, g)
+    return _timed(lambda: run(cp, h, e, params, g), frames)
 
 
 @torch.inference_mode()
@@ -587,9 +603,11 @@ def end_to_end(synth, opts, text: str = TEXT) -> dict:
     return out
 
 
-def measure_format(folder: Path, weights: str, frames: int, repeats: int, modes=MODES) -> dict:
+def measure_format(
+    folder: Path, weights: str, frames: int, repeats: int, modes=MODES, window: int | None = None
+) -> dict:
     """Everything for one weight format of the checkpoint in `folder` (run it in a fresh process for a clean peak
-    memory figure)."""
+    memory figure). Windowed mode attends to `window` frames (default `bench_window(frames)`)."""
     from dataclasses import replace
 
     from leapvox.engine.quant import linear_weight_bytes
@@ -608,6 +626,11 @@ def measure_format(folder: Path, weights: str, frames: int, repeats: int, modes=
     steps = [t for _ in range(repeats) for t in talker_step_times(talker, frames)]
     calls = predictor_call_times(cp, repeats=max(3, repeats * 3))
     loop = [t for _ in range(repeats) for t in predictor_frame_times(cp, model.defaults.predictor, frames)]
+    slow = [
+        t
+        for _ in range(repeats)
+        for t in predictor_frame_times(cp, model.defaults.predictor, max(2, frames // 3), module_loop=True)
+    ]
     codec = codec_frame_times(synth, frames, repeats)
     bps = bw["read_gb_s"] * 1e9
     out = {
@@ -617,29 +640,45 @@ def measure_format(folder: Path, weights: str, frames: int, repeats: int, modes=
         "bandwidth": bw,
         "talker_step": {**_summary(steps), "bytes": talker_bytes, "floor_ms": 1e3 * talker_bytes / bps},
         "predictor_call": {**calls["ar"], "bytes": call_bytes, "floor_ms": 1e3 * call_bytes / bps},
+        "predictor_call_module": {**calls["ar_module"], "bytes": call_bytes, "floor_ms": 1e3 * call_bytes / bps},
         "verify": calls["verify"],
         "predictor_frame": _summary(loop),
+        "predictor_frame_module": _summary(slow),
         "codec_frame": _summary(codec),
         "memory_after_load": mem_loaded,
         "modes": {},
     }
-    for rec in (out["talker_step"], out["predictor_call"]):
+    for rec in (out["talker_step"], out["predictor_call"], out["predictor_call_module"]):
         rec["floor_ratio"] = rec["min_ms"] / rec["floor_ms"]
-    out["predictor_frame"]["overhead_ms"] = out["predictor_frame"]["min_ms"] - 15 * out["predictor_call"]["min_ms"]
-    opts = replace(model.defaults, max_frames=frames, seed=0, runaway_guard=False)
+    for frame, call in (("predictor_frame", "predictor_call"), ("predictor_frame_module", "predictor_call_module")):
+        out[frame]["overhead_ms"] = out[frame]["min_ms"] - 15 * out[call]["min_ms"]
+        out[frame]["floor_ratio"] = out[frame]["min_ms"] / (15 * out[call]["floor_ms"])
+    window = window or bench_window(frames)
+    opts = replace(model.defaults, max_frames=frames, seed=0, runaway_guard=False, window=window)
     for mode in modes:
         runs = [end_to_end(synth, replace(opts, mode=mode)) for _ in range(repeats)]
         best = max(runs, key=lambda r: r["xrt"])
         best["xrt_runs"] = [r["xrt"] for r in runs]
+        if mode == "windowed":
+            best["window"] = window
         out["modes"][mode] = best
     out["memory_peak"] = rss_mb()
     return out
 
 
+def bench_window(frames: int) -> int:
+    """Windowed mode's window in the benchmark: half the frames (at most the default), so that it slides."""
+    from leapvox.engine.options import DEFAULT_WINDOW
+
+    return max(1, min(DEFAULT_WINDOW, frames // 2))
+
+
 def _worker_main(argv: list[str]) -> int:
-    """python -m leapvox.models.bench FOLDER WEIGHTS FRAMES REPEATS MODES -> one JSON line on stdout."""
-    folder, weights, frames, repeats, modes = argv
-    out = measure_format(Path(folder), weights, int(frames), int(repeats), tuple(m for m in modes.split(",") if m))
+    """python -m leapvox.models.bench FOLDER WEIGHTS FRAMES REPEATS MODES WINDOW -> one JSON line on stdout."""
+    folder, weights, frames, repeats, modes, window = argv
+    out = measure_format(
+        Path(folder), weights, int(frames), int(repeats), tuple(m for m in modes.split(",") if m), int(window)
+    )
     print(json.dumps(out))
     if Path(folder).resolve().parent == bench_root().resolve():  # our own random checkpoint, never a user's folder
         with contextlib.suppress(OSError):  # a run cut short leaves what it measured
@@ -647,10 +686,13 @@ def _worker_main(argv: list[str]) -> int:
     return 0
 
 
-def run_format(folder: Path, weights: str, frames: int, repeats: int, modes, isolate: bool = True) -> dict:
+def run_format(
+    folder: Path, weights: str, frames: int, repeats: int, modes, isolate: bool = True, window: int | None = None
+) -> dict:
     """measure_format, in a fresh Python process when `isolate` (same interpreter and thread settings)."""
+    window = window or bench_window(frames)
     if not isolate:
-        return measure_format(folder, weights, frames, repeats, modes)
+        return measure_format(folder, weights, frames, repeats, modes, window)
     cmd = [
         sys.executable,
         "-m",
@@ -660,6 +702,7 @@ def run_format(folder: Path, weights: str, frames: int, repeats: int, modes, iso
         str(frames),
         str(repeats),
         ",".join(modes),
+        str(window),
     ]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
@@ -788,11 +831,27 @@ def table(result: dict) -> str:
         official=lambda o: o["predictor_call_ms"],
     )
     row("  floor ms", lambda r: r["predictor_call"]["floor_ms"], "{:.2f}")
-    row("  x floor", lambda r: r["predictor_call"]["floor_ratio"], "{:.2f}")
+    row(
+        "  x floor",
+        lambda r: r["predictor_call"]["floor_ratio"],
+        "{:.2f}",
+        official=lambda o: o["predictor_call_ms"] / o["predictor_call_floor_ms"],
+    )
+    row(
+        "  module path ms (x floor)",
+        lambda r: (r["predictor_call_module"]["min_ms"], r["predictor_call_module"]["floor_ratio"]),
+        "{0[0]:.2f} ({0[1]:.2f})",
+    )
     row(
         "predictor 15-code loop ms",
         lambda r: r["predictor_frame"]["min_ms"],
         official=lambda o: o["predictor_frame_ms"],
+    )
+    row("  x floor (15 calls)", lambda r: r["predictor_frame"]["floor_ratio"], "{:.2f}")
+    row(
+        "  module loop ms (x floor)",
+        lambda r: (r["predictor_frame_module"]["min_ms"], r["predictor_frame_module"]["floor_ratio"]),
+        "{0[0]:.1f} ({0[1]:.2f})",
     )
     row(
         "  overhead beyond 15 calls ms",
@@ -879,9 +938,40 @@ def ratios(result: dict) -> dict:
     return out
 
 
+def tree_speedup(result: dict, acceptance: list[list[float]] | None = None) -> dict:
+    """Per weight format and tree size N: the verify call's cost over an ar call, and (with a rank-acceptance table
+    from `leapvox calibrate-tree`, acceptance[depth][rank]) the expected tokens per call of the greedy tree of N
+    nodes and the resulting inner-loop speedup over ar, tokens per call / cost (the paper's Fig. 4 for this CPU).
+    Random weights say nothing about acceptance, so without a table only the cost side is filled."""
+    from .spec_recipes import expected_accepted, grow_tree
+
+    out = {}
+    for w, rec in result["formats"].items():
+        ar = rec["predictor_call"]["min_ms"]
+        rows = {}
+        for n in TREE_SIZES:
+            row = {"cost": rec["verify"][str(n)]["min_ms"] / ar}
+            if acceptance:
+                row["tokens_per_call"] = 1 + expected_accepted(grow_tree(acceptance, n), acceptance)
+                row["speedup"] = row["tokens_per_call"] / row["cost"]
+            rows[str(n)] = row
+        out[w] = rows
+    return out
+
+
+def read_acceptance(path: Path) -> list[list[float]]:
+    """The rank-acceptance table [depth][rank] of a calibrate-tree JSON (its tree file or its --json output)."""
+    data = json.loads(Path(path).read_text())
+    table = data.get("rank_acceptance") if isinstance(data, dict) else data
+    if not (isinstance(table, list) and table and all(isinstance(r, list) and r for r in table)):
+        raise ValueError(f"{path} holds no rank_acceptance table (write one with leapvox calibrate-tree --json)")
+    return [[float(v) for v in r] for r in table]
+
+
 def plot(result: dict, path: Path) -> list[Path]:
-    """Two PNGs beside `path`: verify cost and the speedup bound vs tree size N; talker step latency vs frames
-    (ar vs windowed). Empty when matplotlib is missing."""
+    """Two PNGs beside `path` (STEM-tree.png, STEM-steps.png): the spec trade-off vs draft tree size N (the verify
+    call's cost over an ar call and, when the result holds an acceptance table, the speedup); the talker step's
+    latency vs frames generated, ar vs windowed. Empty when matplotlib is missing."""
     try:
         import matplotlib
 
@@ -889,35 +979,49 @@ def plot(result: dict, path: Path) -> list[Path]:
         import matplotlib.pyplot as plt
     except ImportError:
         return []
-    written = []
-    fig, ax = plt.subplots(figsize=(5, 3.2))
-    for w, rec in result["formats"].items():
-        ar = rec["predictor_call"]["min_ms"]
-        ax.plot(TREE_SIZES, [rec["verify"][str(n)]["min_ms"] / ar for n in TREE_SIZES], marker="o", label=w)
-    ax.set_xscale("log", base=2)
-    ax.set_xlabel("draft tree size N")
-    ax.set_ylabel("verify call / ar call")
-    ax.set_title("spec: cost of verifying N drafts (speedup = tokens per call / this)", fontsize=8)
-    ax.legend()
+    tree = result.get("tree") or tree_speedup(result)
+    with_speedup = any("speedup" in r for rows in tree.values() for r in rows.values())
+    fig, axes = plt.subplots(1, 2 if with_speedup else 1, figsize=(9 if with_speedup else 5, 3.4), squeeze=False)
+    ax = axes[0][0]
+    for w, rows in tree.items():
+        ax.plot(TREE_SIZES, [rows[str(n)]["cost"] for n in TREE_SIZES], marker="o", label=w)
+    ax.set_title("verify call over N drafts / ar call", fontsize=9)
+    ax.set_ylabel("cost (x ar call)")
+    if with_speedup:
+        ax = axes[0][1]
+        for w, rows in tree.items():
+            ax.plot(TREE_SIZES, [rows[str(n)]["speedup"] for n in TREE_SIZES], marker="o", label=w)
+        ax.axhline(1.0, color="grey", lw=0.8, ls="--")
+        ax.set_title(
+            f"speedup = tokens per call / cost ({result.get('acceptance_from', 'given acceptance')})", fontsize=8
+        )
+        ax.set_ylabel("predictor speedup over ar")
+    for ax in axes[0]:
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(TREE_SIZES, [str(n) for n in TREE_SIZES])
+        ax.set_xlabel("draft tree size N")
+        ax.legend(fontsize=7)
+    fig.suptitle(f"spec mode on this CPU ({result['threads']} threads)", fontsize=9)
     fig.tight_layout()
-    p = path.with_name(path.stem + "-tree.png")
-    fig.savefig(p)
+    written = [path.with_name(path.stem + "-tree.png")]
+    fig.savefig(written[-1], dpi=120)
     plt.close(fig)
-    written.append(p)
-    fig, ax = plt.subplots(figsize=(5, 3.2))
+
+    fig, ax = plt.subplots(figsize=(5, 3.4))
     for w, rec in result["formats"].items():
-        for mode in ("ar", "windowed"):
-            steps = rec["modes"].get(mode, {}).get("step_ms")
-            if steps:
-                ax.plot(range(1, len(steps) + 1), steps, label=f"{mode} {w}")
+        for mode, style in (("ar", "-"), ("windowed", "--")):
+            run = rec["modes"].get(mode, {})
+            if run.get("step_ms"):
+                label = f"{mode} {w}" + (f" (W={run['window']})" if "window" in run else "")
+                ax.plot(range(1, len(run["step_ms"]) + 1), run["step_ms"], style, label=label)
     ax.set_xlabel("frames generated")
     ax.set_ylabel("talker step (ms)")
+    ax.set_title("per-step talker latency, ar vs windowed", fontsize=9)
     ax.legend(fontsize=7)
     fig.tight_layout()
-    p = path.with_name(path.stem + "-steps.png")
-    fig.savefig(p)
+    written.append(path.with_name(path.stem + "-steps.png"))
+    fig.savefig(written[-1], dpi=120)
     plt.close(fig)
-    written.append(p)
     return written
 
 
@@ -932,10 +1036,14 @@ def run_bench(
     say=None,
     official_frames: int | None = None,
     fidelity: bool = True,
+    window: int | None = None,
+    acceptance: Path | None = None,
 ) -> dict:
     """The whole benchmark on the checkpoint in `folder`: every weight format (each in its own process when
-    `isolate`), then the official package on the same folder when asked and available."""
+    `isolate`), then the official package on the same folder when asked and available. `acceptance`: a
+    calibrate-tree JSON whose rank-acceptance table turns the verify costs into speedups (`tree_speedup`)."""
     say = say or (lambda m: None)
+    table_ = read_acceptance(acceptance) if acceptance else None
     result = {
         "model": str(folder),
         "frames": frames,
@@ -944,10 +1052,14 @@ def run_bench(
         "modes": list(modes),
         "formats": {},
         "torch": torch.__version__,
+        "window": window or bench_window(frames),
     }
     for w in weights:
         say(f"leapvox {w}: measuring")
-        result["formats"][w] = run_format(folder, w, frames, repeats, modes, isolate)
+        result["formats"][w] = run_format(folder, w, frames, repeats, modes, isolate, window)
+    if table_:
+        result["acceptance_from"] = Path(acceptance).name
+    result["tree"] = tree_speedup(result, table_)
     if fidelity and "fp32" in weights and len(weights) > 1:
         from .checkpoint import load_model
 
@@ -968,9 +1080,12 @@ def run_bench(
             for d in [w for w in weights if w in ("fp32", "bf16")] or ["fp32"]:
                 say(f"official {d}: measuring")
                 try:
-                    result["official"][d] = run_official(folder, d, official_frames or frames, repeats)
+                    o = result["official"][d] = run_official(folder, d, official_frames or frames, repeats)
                 except (RuntimeError, subprocess.TimeoutExpired) as e:
                     say(f"official {d}: {e}")
+                    continue
+                if d in result["formats"]:  # the same weight bytes read per call: the same floor
+                    o["predictor_call_floor_ms"] = result["formats"][d]["predictor_call"]["floor_ms"]
         result["ratios"] = ratios(result)
     return result
 

@@ -92,36 +92,72 @@ def _positive(x) -> bool:
     return isinstance(x, (int, float)) and math.isfinite(x) and x > 0
 
 
-def test_bench_fills_every_field(tiny_folder, tmp_path):
-    result = bench.run_bench(tiny_folder, ["fp32", "int8"], bench.MODES, frames=4, repeats=1, isolate=False)
-    result = json.loads(json.dumps(result))  # what the JSON file holds
+@pytest.fixture(scope="module")
+def tiny_result(tiny_folder, tmp_path_factory):
+    """One small run (fp32 and int8, every mode, 6 frames) with a rank-acceptance table, as its JSON file holds it."""
+    acceptance = tmp_path_factory.mktemp("acc") / "tree.json"
+    acceptance.write_text(json.dumps({"N": 8, "rank_acceptance": [[0.6, 0.2, 0.1], [0.7, 0.15], [0.8, 0.1]]}))
+    result = bench.run_bench(
+        tiny_folder, ["fp32", "int8"], bench.MODES, frames=6, repeats=1, isolate=False, acceptance=acceptance
+    )
+    return json.loads(json.dumps(result))
+
+
+def test_bench_fills_every_field(tiny_result):
+    result = tiny_result
     assert set(result["formats"]) == {"fp32", "int8"}
     for w, rec in result["formats"].items():
         assert rec["weights"] == w and rec["threads"] >= 1
         assert _positive(rec["bandwidth"]["read_gb_s"]) and _positive(rec["bandwidth"]["copy_gb_s"])
-        for key in ("talker_step", "predictor_call"):
+        for key in ("talker_step", "predictor_call", "predictor_call_module"):
             for field in ("min_ms", "median_ms", "floor_ms", "floor_ratio", "bytes"):
                 assert _positive(rec[key][field]), (w, key, field)
+        for key in ("predictor_frame", "predictor_frame_module"):
+            assert _positive(rec[key]["min_ms"]) and _positive(rec[key]["floor_ratio"])
         assert set(rec["verify"]) == {str(n) for n in bench.TREE_SIZES}
         assert all(_positive(v["min_ms"]) for v in rec["verify"].values())
         assert _positive(rec["predictor_frame"]["min_ms"]) and _positive(rec["codec_frame"]["min_ms"])
         assert _positive(rec["memory_peak"]["peak_rss_mb"])
         for mode in bench.MODES:
             run = rec["modes"][mode]
-            assert 1 <= run["frames"] <= 4
+            assert 1 <= run["frames"] <= 6
             assert _positive(run["xrt"]) and _positive(run["first_audio_s"]) and _positive(run["audio_s"])
             assert _positive(run["predictor_ms_per_frame"]) and run["overhead_ms_per_frame"] >= 0
             assert len(run["step_ms"]) == run["frames"] - 1 or run["stop_reason"] == "eos"
         assert rec["modes"]["ar"]["predictor_calls_per_frame"] == 15
         assert rec["modes"]["spec"]["tokens_per_call"] >= 1
+        assert rec["modes"]["windowed"]["window"] == 3  # half the frames: the window slides within the run
     fp32, int8 = result["formats"]["fp32"], result["formats"]["int8"]
     assert int8["predictor_call"]["bytes"] < fp32["predictor_call"]["bytes"] / 3  # 1-byte weights read
     f = result["fidelity"]["int8"]
     assert f["frames"] >= 1 and 0 <= f["codes1_15_greedy_agreement"] <= 1
     text = bench.table(result)
-    assert "talker step ms" in text and "verify N=64" in text and "fidelity" in text
-    plots = bench.plot(result, tmp_path / "bench.json")
-    assert all(p.stat().st_size > 0 for p in plots)
+    assert "talker step ms" in text and "verify N=64" in text and "fidelity" in text and "module loop" in text
+    for rows in result["tree"].values():
+        assert set(rows) == {str(n) for n in bench.TREE_SIZES}
+        assert all(_positive(r["cost"]) and r["tokens_per_call"] >= 1 for r in rows.values())
+        assert all(r["speedup"] == pytest.approx(r["tokens_per_call"] / r["cost"]) for r in rows.values())
+        assert rows["64"]["tokens_per_call"] >= rows["4"]["tokens_per_call"]  # a bigger tree accepts no less
+
+
+def test_plots_are_written(tiny_result, tmp_path):
+    pytest.importorskip("matplotlib", reason="the plots need matplotlib (pip install leapvox[plots])")
+    paths = bench.plot(tiny_result, tmp_path / "run.json")
+    assert [p.name for p in paths] == ["run-tree.png", "run-steps.png"]
+    for p in paths:
+        assert p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and p.stat().st_size > 5000
+    no_table = {**tiny_result, "tree": bench.tree_speedup(tiny_result)}  # cost side only: one panel
+    assert "speedup" not in no_table["tree"]["fp32"]["4"]
+    assert len(bench.plot(no_table, tmp_path / "cost.json")) == 2
+
+
+def test_acceptance_file_without_a_table_is_a_usage_error(tmp_path, capsys):
+    from leapvox.app.cli import main
+
+    bad = tmp_path / "bad.json"
+    bad.write_text("{}")
+    assert main(["bench", "--acceptance", str(bad), "--json", str(tmp_path / "b.json")]) == 2
+    assert "rank_acceptance" in capsys.readouterr().err
 
 
 def test_official_side_is_skipped_with_one_line_when_missing(tiny_folder, monkeypatch, tmp_path):
