@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -32,6 +33,9 @@ SENTENCES = [
 ]
 
 
+VARIANTS = ("ce", "ce-pp", "kl", "kl-pp", "tv", "tv-pp")
+
+
 def add_commands(sub) -> None:
     from leapvox.app.cli import _model_args  # shared --model / --dtype
 
@@ -41,6 +45,12 @@ def add_commands(sub) -> None:
     t.add_argument("--utterances", type=int, default=20, help="how many sentences to generate frames from")
     t.add_argument("--data", type=Path, help="use ground-truth codes from a `leapvox demo build-data` folder "
                    "(train split) instead of the model's own generations")
+    t.add_argument("--held-out", type=int, help="with --data: test-split utterances to measure on "
+                   "(default utterances / 4)")
+    t.add_argument("--self-sampled", action="store_true", help="re-draw the training frames' codes 1..15 with the "
+                   "predictor itself, so the offsets learn on the prefixes spec mode meets at inference")
+    t.add_argument("--variants", default=",".join(VARIANTS), help="comma list of objectives to train: ce, kl, tv, "
+                   "each optionally with -pp (per-position offsets); default all")
     t.add_argument("--steps", type=int, default=400, help="Adam steps per variant (default 400)")
     t.add_argument("--json", type=Path, help="also write the per-variant acceptance table here")
     t.set_defaults(func=cmd_train_offsets)
@@ -123,37 +133,68 @@ def _data_frames(model, path: Path, utterances: int):
 def cmd_train_offsets(args) -> int:
     from leapvox.engine.spec import DEFAULT_TREE, SpecDecoder
     from leapvox.models.spec_assets import offsets_path, save_offsets
-    from leapvox.models.spec_recipes import measure_spec, train_offsets
+    from leapvox.models.spec_recipes import acceptance_rate, run_spec, self_sampled, train_offsets
+    from leapvox.models.stats import paired_ratio_delta
 
+    names = [v.strip() for v in args.variants.split(",") if v.strip()]
+    if not names or any(v not in VARIANTS for v in names):
+        _say(f"leapvox: error: --variants takes a comma list of {', '.join(VARIANTS)}")
+        return 2
     folder, model = _load(args)
     cp = model.tts.talker.code_predictor
+    params = model.defaults.predictor
     if args.data:  # ground truth: fit on the train split, measure on the held-out test split
         train = _data_frames(model, args.data / "train.pt", args.utterances)
-        held = _data_frames(model, args.data / "test.pt", max(1, args.utterances // 4))
+        held = _data_frames(model, args.data / "test.pt", args.held_out or max(1, args.utterances // 4))
     else:
         train, held = _frames(model, args).split(0.8)
-    _say(f"{len(train.codes)} training frames, {len(held.codes)} held-out frames")
-    params = model.defaults.predictor
+    if args.self_sampled:
+        train = self_sampled(cp, train, params, seed=1)
+    # The exact acceptance rate is measured on held-out prefixes drawn by the predictor, as at inference.
+    held_prefixes = self_sampled(cp, held, params, seed=2)
+    _say(f"{len(train.codes)} training frames{' (codes 1..15 self-sampled)' if args.self_sampled else ''}, "
+         f"{len(held.codes)} held-out frames")
     variants = {"zero": None}
-    for kind in ("ce", "kl"):
-        for per_position in (False, True):
-            name = f"{kind}{'-per-position' if per_position else ''}"
-            variants[name] = train_offsets(cp, train, kind=kind, per_position=per_position, steps=args.steps)
-    rows = {}
+    for name in names:
+        kind, per_position = name.split("-")[0], name.endswith("-pp")
+        t0 = time.perf_counter()
+        variants[name] = train_offsets(cp, train, kind=kind, per_position=per_position, steps=args.steps,
+                                       params=params)
+        _say(f"trained {name} in {time.perf_counter() - t0:.0f} s")
+    rows, runs, alphas = {}, {}, {}
     for name, b in variants.items():
-        tpc, per_depth, _ = measure_spec(cp, held, SpecDecoder(DEFAULT_TREE, b), params)
-        rows[name] = {"tokens_per_call": tpc, "acceptance_per_depth": per_depth}
-    print(f"{'offsets':<18} {'tok/call':>8}  per-depth acceptance (held-out, default tree)")
+        runs[name] = run_spec(cp, held, SpecDecoder(DEFAULT_TREE, b), params)
+        alphas[name] = acceptance_rate(cp, held_prefixes, b, DEFAULT_TREE.max_depth, params)  # [N, K]
+        r, a = runs[name], alphas[name]
+        rows[name] = {"tokens_per_call": round(r.tokens_per_call, 4),
+                      "acceptance_per_depth": [round(v, 4) for v in r.per_depth],
+                      "exact_draft_acceptance_per_depth": [round(float(v), 4) for v in a.mean(0)]}
+        if name != "zero":
+            z = runs["zero"]
+            rows[name]["vs_zero_tokens_per_call"] = paired_ratio_delta(z.tokens, z.calls, r.tokens, r.calls)
+            d = (a - alphas["zero"]).mean(1).numpy()  # per frame, mean over depths
+            ones = [1.0] * len(d)
+            rows[name]["vs_zero_exact_acceptance"] = paired_ratio_delta([0.0] * len(d), ones, d, ones)
+    print(f"{'offsets':<10} {'tok/call':>8} {'vs zero (95% CI)':>26}  {'exact draft acceptance d1/d2/d3':>32}"
+          f"  {'vs zero (95% CI)':>24}")
     for name, r in rows.items():
-        print(f"{name:<18} {r['tokens_per_call']:8.3f}  " + " ".join(f"{a:.3f}" for a in r["acceptance_per_depth"]))
-    best = max((n for n in rows if n != "zero"), key=lambda n: rows[n]["tokens_per_call"])
-    if rows[best]["tokens_per_call"] > rows["zero"]["tokens_per_call"]:
+        tc, ea = r.get("vs_zero_tokens_per_call"), r.get("vs_zero_exact_acceptance")
+        cmp_t = f"{tc['delta']:+.3f} ({tc['ci95'][0]:+.3f} .. {tc['ci95'][1]:+.3f})" if tc else ""
+        cmp_a = f"{ea['delta']:+.4f} ({ea['ci95'][0]:+.4f} .. {ea['ci95'][1]:+.4f})" if ea else ""
+        acc = " / ".join(f"{v:.3f}" for v in r["exact_draft_acceptance_per_depth"])
+        print(f"{name:<10} {r['tokens_per_call']:8.3f} {cmp_t:>26}  {acc:>32}  {cmp_a:>24}")
+    # Keep the best variant only when its tokens-per-call gain over zero offsets is clear of sampling noise.
+    winners = [n for n in rows if n != "zero" and rows[n]["vs_zero_tokens_per_call"]["ci95"][0] > 0]
+    best = max(winners, key=lambda n: rows[n]["tokens_per_call"], default=None)
+    if best:
         path = save_offsets(offsets_path(folder), variants[best], {"variant": best, **rows[best]})
         _say(f"kept {best}: {path}")
     else:
-        _say("no trained variant beat zero offsets on the held-out frames; nothing saved")
+        _say("no trained variant beat zero offsets on the held-out frames beyond noise (paired 95% CI); nothing saved")
     if args.json:
-        args.json.write_text(json.dumps({"held_out_frames": len(held.codes), "variants": rows, "kept": best}, indent=1))
+        out = {"held_out_frames": len(held.codes), "training_frames": len(train.codes),
+               "self_sampled": args.self_sampled, "variants": rows, "kept": best}
+        args.json.write_text(json.dumps(out, indent=1))
     return 0
 
 

@@ -124,11 +124,17 @@ class DecoderStack(nn.Module):
         self.caches: nn.ModuleList | None = None
 
     def setup_cache(self, max_len: int, batch: int = 1, dtype: torch.dtype | None = None) -> None:
-        """Allocate KV buffers for `max_len` positions and the RoPE table (reused if already big enough)."""
+        """Allocate KV buffers for `max_len` positions and the RoPE table (reused if already big enough and of the
+        same batch size and dtype)."""
         p = next(self.layers.parameters())
         dtype = dtype or p.dtype
         c = self.cfg
-        if self.caches is not None and self.cache_len >= max_len and self.caches[0].k.dtype == dtype:
+        if (
+            self.caches is not None
+            and self.cache_len >= max_len
+            and self.caches[0].k.dtype == dtype
+            and self.caches[0].k.shape[0] == batch
+        ):
             return
         self.caches = nn.ModuleList(
             KVCache(batch, c.num_key_value_heads, max_len, c.head_dim, dtype, p.device) for _ in self.layers

@@ -10,6 +10,7 @@ import math
 import time
 from dataclasses import dataclass, replace
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -81,19 +82,59 @@ def draft_logits(H: torch.Tensor, W: torch.Tensor, offsets: torch.Tensor, j: int
 
 def offset_loss(H, W, codes, offsets, kind: str, params: SamplingParams) -> torch.Tensor:
     """(a) "ce": cross-entropy of the draft against the true code; (b) "kl": KL from the verifier's own
-    processed distribution at position p+j to the draft (targets acceptance directly)."""
+    processed distribution at position p+j to the draft (targets acceptance directly); (c) "tv": minus the
+    acceptance rate of a single draft, sum_x min(p(x), q(x)) = 1 - TV(p, q), the quantity lossless acceptance
+    realises."""
     n, total = W.shape[0], 0.0
     for j in range(1, offsets.shape[-2] + 1):
         logits = draft_logits(H, W, offsets, j)  # [N, P, V]
         if kind == "ce":
             total = total + F.cross_entropy(logits.flatten(0, 1), codes[:, 1 + j : n + 1].flatten())
-        else:
-            target = torch.einsum("bph,pvh->bpv", H[:, 1 + j : n + 1], W[j:])  # verifier at position p+j
-            t = temperature_top_k_top_p(target.flatten(0, 1), params)
-            p = torch.softmax(t, -1)
+            continue
+        p = verifier_probs(H, W, j, params)
+        if kind == "kl":
             log_q = torch.log_softmax(logits.flatten(0, 1) / params.temperature, -1)
             total = total + (p * (torch.log(p.clamp_min(1e-12)) - log_q)).sum(-1).mean()
+        else:
+            q = torch.softmax(temperature_top_k_top_p(logits.flatten(0, 1), params), -1)
+            total = total - torch.minimum(p, q).sum(-1).mean()
     return total
+
+
+def verifier_probs(H: torch.Tensor, W: torch.Tensor, j: int, params: SamplingParams) -> torch.Tensor:
+    """The verifier's processed distribution at positions p+j (p = 1..15-j), flattened to [N * (15-j), V]."""
+    target = torch.einsum("bph,pvh->bpv", H[:, 1 + j : W.shape[0] + 1], W[j:])
+    return torch.softmax(temperature_top_k_top_p(target.flatten(0, 1), params), -1)
+
+
+@torch.no_grad()
+def acceptance_rate(cp: CodePredictor, frames: Frames, offsets: torch.Tensor | None, depth: int,
+                    params: SamplingParams) -> torch.Tensor:
+    """Exact single-draft acceptance rate per frame and depth, [N, K]: the mean over positions of
+    sum_x min(p(x), q(x)) for the processed target p and draft q (teacher-forced on the frames' codes). No
+    sampling noise, so trained and zero offsets compare frame by frame."""
+    H, W = predictor_hidden(cp, frames), _head_weights(cp)
+    b = offsets if offsets is not None else torch.zeros(depth, cp.cfg.hidden_size)
+    out = []
+    for j in range(1, depth + 1):
+        q = torch.softmax(temperature_top_k_top_p(draft_logits(H, W, b, j).flatten(0, 1), params), -1)
+        out.append(torch.minimum(verifier_probs(H, W, j, params), q).sum(-1).view(len(frames.codes), -1).mean(-1))
+    return torch.stack(out, dim=1)
+
+
+@torch.inference_mode()
+def self_sampled(cp: CodePredictor, frames: Frames, params: SamplingParams, seed: int = 0,
+                 chunk: int = 512) -> Frames:
+    """The same frames with codes 1..15 re-drawn by the predictor itself (batched ar): drafting then trains on
+    the prefixes it meets at inference instead of encoded speech."""
+    g = torch.Generator().manual_seed(seed)
+    codes = frames.codes.clone()
+    for i in range(0, len(codes), chunk):
+        sl = slice(i, i + chunk)
+        cp.model.setup_cache(cp.cfg.num_code_groups, batch=len(codes[sl]))
+        codes[sl, 1:] = predict_codes(cp, frames.hidden[sl, None], frames.code0_embed[sl, None], params, g)
+    cp.model.setup_cache(cp.cfg.num_code_groups)
+    return Frames(frames.hidden, frames.code0_embed, codes)
 
 
 def train_offsets(
@@ -206,18 +247,41 @@ def _call_times(cp: CodePredictor, nodes: int, prefix: int, repeats: int) -> tup
     return sorted(verify)[len(verify) // 2], sorted(ratios)[len(ratios) // 2]
 
 
+@dataclass
+class SpecRun:
+    """spec decoding over a set of frames: per-frame tokens and calls, per-depth acceptance, seconds."""
+
+    tokens: np.ndarray  # [N] codes produced per frame (15 each)
+    calls: np.ndarray  # [N] predictor calls per frame
+    per_depth: list[float]
+    seconds: float
+
+    @property
+    def tokens_per_call(self) -> float:
+        return float(self.tokens.sum() / max(self.calls.sum(), 1))
+
+
 @torch.inference_mode()
-def measure_spec(cp: CodePredictor, frames: Frames, spec: SpecDecoder, params: SamplingParams, seed: int = 0):
-    """Run spec decoding on every frame's (h, C(c0)); returns (tokens per call, per-depth acceptance, seconds)."""
+def run_spec(cp: CodePredictor, frames: Frames, spec: SpecDecoder, params: SamplingParams, seed: int = 0) -> SpecRun:
+    """Run spec decoding on every frame's (h, C(c0)), recording each frame's calls."""
     cp.model.setup_cache(cp.cfg.num_code_groups + spec.tree.size + 2)
     g = torch.Generator().manual_seed(seed) if params.do_sample else None
+    s, calls, tokens = spec.stats, [], []
     t = time.perf_counter()
     for i in range(len(frames.codes)):
+        c0, k0 = s.calls, s.tokens
         predict_codes_spec(cp, frames.hidden[i : i + 1, None], frames.code0_embed[i : i + 1, None], params, g, spec)
+        calls.append(s.calls - c0)
+        tokens.append(s.tokens - k0)
     elapsed = time.perf_counter() - t
-    s = spec.stats
     per_depth = [a / t if t else math.nan for a, t in zip(s.accepts, s.attempts, strict=True)]
-    return s.tokens_per_call, per_depth, elapsed
+    return SpecRun(np.array(tokens), np.array(calls), per_depth, elapsed)
+
+
+def measure_spec(cp: CodePredictor, frames: Frames, spec: SpecDecoder, params: SamplingParams, seed: int = 0):
+    """(tokens per call, per-depth acceptance, seconds) of spec decoding over the frames."""
+    r = run_spec(cp, frames, spec, params, seed)
+    return r.tokens_per_call, r.per_depth, r.seconds
 
 
 @torch.inference_mode()

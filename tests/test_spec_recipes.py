@@ -37,3 +37,78 @@ def test_offset_training_lowers_its_loss_on_frozen_model():
             l1 = R.offset_loss(H, W, frames.codes, b, kind, m.defaults.predictor)
         assert l1 < l0
     assert all(torch.equal(before[k], v) for k, v in cp.state_dict().items())  # the predictor stays frozen
+
+
+def _tiny_frames():
+    m = load_model(FIXTURES / "tiny-0b6")
+    frames = R.collect_frames(m.synthesizer(), ["Hello world, this is a test.", "Good morning."], m.defaults)
+    return m, m.tts.talker.code_predictor, frames
+
+
+def test_exact_acceptance_rate_is_the_tv_objective_and_bounded():
+    m, cp, frames = _tiny_frames()
+    params = m.defaults.predictor
+    b = torch.randn(3, 64)
+    a = R.acceptance_rate(cp, frames, b, 3, params)
+    assert a.shape == (len(frames.codes), 3) and (a >= 0).all() and (a <= 1 + 1e-6).all()
+    with torch.no_grad():
+        H, W = R.predictor_hidden(cp, frames), R._head_weights(cp)
+        loss = R.offset_loss(H, W, frames.codes, b, "tv", params)
+    assert torch.allclose(-loss, a.mean(0).sum(), atol=1e-5)  # minus the summed per-depth acceptance
+    # A draft head that is the verifier itself accepts always: give depth j the target's own hidden state by
+    # comparing the verifier's distribution with itself.
+    p = R.verifier_probs(H, W, 1, params)
+    assert torch.allclose(torch.minimum(p, p).sum(-1), torch.ones(len(p)), atol=1e-5)
+
+
+def test_tv_offset_training_raises_the_acceptance_rate():
+    m, cp, frames = _tiny_frames()
+    params = m.defaults.predictor
+    zero = R.acceptance_rate(cp, frames, None, 3, params).mean()
+    b = R.train_offsets(cp, frames, kind="tv", steps=60, batch=64, lr=1e-2, params=params)
+    assert R.acceptance_rate(cp, frames, b, 3, params).mean() > zero
+
+
+def test_self_sampled_frames_keep_code0_and_match_unbatched_greedy():
+    from dataclasses import replace
+
+    from leapvox.engine.generate import predict_codes
+
+    m, cp, frames = _tiny_frames()
+    greedy = replace(m.defaults.predictor, do_sample=False)
+    out = R.self_sampled(cp, frames, greedy, chunk=5)  # several batches, the last one short
+    assert torch.equal(out.codes[:, 0], frames.codes[:, 0])
+    cp.model.setup_cache(cp.cfg.num_code_groups)
+    for i in range(len(frames.codes)):
+        one = predict_codes(cp, frames.hidden[i : i + 1, None], frames.code0_embed[i : i + 1, None], greedy, None)
+        assert torch.equal(out.codes[i, 1:], one[0])
+    sampled = R.self_sampled(cp, frames, m.defaults.predictor, seed=3)
+    assert torch.equal(sampled.codes, R.self_sampled(cp, frames, m.defaults.predictor, seed=3).codes)
+
+
+def test_run_spec_counts_every_frame():
+    from leapvox.engine.spec import DEFAULT_TREE, SpecDecoder
+
+    m, cp, frames = _tiny_frames()
+    r = R.run_spec(cp, frames, SpecDecoder(DEFAULT_TREE, None), m.defaults.predictor)
+    assert (r.tokens == 15).all() and (r.calls >= 1).all() and (r.calls <= 15).all()
+    assert r.tokens_per_call == r.tokens.sum() / r.calls.sum()
+
+
+def test_train_offsets_command_reports_paired_intervals(tmp_path, monkeypatch, capsys):
+    import json
+
+    from leapvox.app.cli import main
+
+    monkeypatch.setenv("LEAPVOX_HOME", str(tmp_path / "home"))
+    out = tmp_path / "offsets.json"
+    argv = ["train-offsets", "--model", str(FIXTURES / "tiny-0b6"), "--weights", "fp32", "--utterances", "3",
+            "--variants", "tv,ce-pp", "--steps", "10", "--json", str(out)]
+    assert main(argv) == 0
+    rec = json.loads(out.read_text())
+    assert set(rec["variants"]) == {"zero", "tv", "ce-pp"}
+    for name in ("tv", "ce-pp"):
+        d = rec["variants"][name]["vs_zero_tokens_per_call"]
+        assert d["ci95"][0] <= d["delta"] <= d["ci95"][1]
+    assert "tok/call" in capsys.readouterr().out
+    assert main(["train-offsets", "--model", str(FIXTURES / "tiny-0b6"), "--variants", "nope"]) == 2

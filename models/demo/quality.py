@@ -20,6 +20,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from leapvox.models.stats import paired_ratio_delta, ratio_ci
+
 NOISE_SIGMA = 3e-3
 PEAK = 0.9
 
@@ -110,21 +112,12 @@ def word_errors(refs: list[str], hyps: list[str]) -> WerResult:
 def bootstrap_ci(errors: np.ndarray, words: np.ndarray, draws: int = 2000, seed: int = 0,
                  level: float = 0.95) -> tuple[float, float]:
     """Percentile bootstrap over sentences of sum(errors) / sum(words)."""
-    rng = np.random.default_rng(seed)
-    idx = rng.integers(0, len(errors), size=(draws, len(errors)))
-    stats = errors[idx].sum(1) / np.maximum(words[idx].sum(1), 1)
-    a = (1 - level) / 2
-    return float(np.quantile(stats, a)), float(np.quantile(stats, 1 - a))
+    return ratio_ci(errors, words, draws=draws, seed=seed, level=level)
 
 
 def paired_delta(a: WerResult, b: WerResult, draws: int = 2000, seed: int = 0) -> dict:
     """WER(b) - WER(a) on the same sentences with a paired bootstrap CI (the same resampled sentences)."""
-    rng = np.random.default_rng(seed)
-    idx = rng.integers(0, len(a.errors), size=(draws, len(a.errors)))
-    words = a.words[idx].sum(1)
-    diff = (b.errors[idx].sum(1) - a.errors[idx].sum(1)) / np.maximum(words, 1)
-    return {"delta": round(b.wer - a.wer, 4),
-            "ci95": [round(float(np.quantile(diff, 0.025)), 4), round(float(np.quantile(diff, 0.975)), 4)]}
+    return paired_ratio_delta(a.errors, a.words, b.errors, a.words, draws=draws, seed=seed)
 
 
 def transcribe_all(audio: list[np.ndarray], workers: int = 2) -> list[str]:
