@@ -8,10 +8,10 @@ bit for bit in every weight format, with the same random draws in the same order
     (no `repeat_interleave` per call); RoPE tables and the prefill mask are built once;
   - q and k are normed and rotated together (one fused RMSNorm over the query and key heads, RoPE as two
     multiplies with a half-swapped copy);
-  - both cores on fp32 matrix-vector products: PyTorch's fp32 product over one row runs on one thread, so
-    each single-row fp32 product is one batched product over the two halves of the weight's rows (torch.bmm
-    hands one half to each thread; the result is bit-identical). bf16 and int8 products use both threads
-    already.
+  - both cores on fp32 matrix-vector products: PyTorch's fp32 product over one row runs on one thread (MKL; seen
+    in per-thread CPU time), so each single-row fp32 product on the CPU is one batched product over the two
+    halves of the weight's rows (torch.bmm hands one half to each thread; the result is bit-identical). bf16
+    (oneDNN) and int8 (`_weight_int8pack_mm`) products use both threads already.
 
 Measured on the 2-core box (contended): `leapvox bench` reports the predictor call as a multiple of its
 memory-bandwidth floor for this loop and for the reference loop.
@@ -77,7 +77,7 @@ def product(linear: nn.Module, split: bool) -> Product:
     w, b = linear.weight, linear.bias
     n, k = w.shape
     # a bias is added inside F.linear's product (not always the same bits as adding it after): no split then
-    if not (split and w.dtype == torch.float32 and n % 2 == 0 and b is None):
+    if not (split and w.dtype == torch.float32 and w.device.type == "cpu" and n % 2 == 0 and b is None):
         return lambda x: F.linear(x, w, b)
     halves = w.view(2, n // 2, k).transpose(1, 2)  # [2, K, N/2]
 
@@ -91,6 +91,9 @@ def product(linear: nn.Module, split: bool) -> Product:
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """layers.RMSNorm as one fused kernel (normalise in fp32, cast back, scale); the same bits."""
+    if not hasattr(F, "rms_norm"):  # torch < 2.4: the composite of layers.RMSNorm
+        h = x.float()
+        return weight * (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
     return weight * F.rms_norm(x.float(), (x.shape[-1],), eps=eps).to(x.dtype)
 
 
