@@ -26,7 +26,7 @@ import torch
 from .coreml_wrappers import PredictorSlots, additive_mask
 from .errors import InputError
 from .sampling import SamplingParams, pick
-from .spec import DraftTree, SpecDecoder, _probs, _sample, _walk_step, sample_without_replacement
+from .spec import DraftTree, SpecDecoder, _probs, _sample, _walk_step, sample_without_replacement, spec_frame
 from .talker import Talker
 
 # --compute-units (modes.COMPUTE_UNIT_CHOICES) -> coremltools.ComputeUnit member
@@ -193,24 +193,15 @@ class CoreMLBackend:
         """Codes 1..15 [1, 15] with fused draft + verify calls over the exported tree (spec.py's walk and
         acceptance; `spec` gets the counters). The offsets are the ones baked into the export."""
         out = self._predictor_prefill(h, c0_embed)
-        tok = _sample(out["logits"][1], params, generator)
         drafts = out["drafts"][1]  # [K, V]: heads 1..K on h_1 + b_j
-        codes, k, stats = [tok], 1, spec.stats
-        stats.calls += 1
-        stats.tokens += 1
-        while k < self.n_codes:
-            path, next_tok, drafts = self._verify_call(
-                k, tok, drafts, min(self.depth, self.n_codes - k), params, generator, spec
-            )
-            codes.extend(path)
-            stats.calls += 1
-            stats.tokens += len(path) + (next_tok is not None)
-            k += len(path)
-            if next_tok is None:
-                break
-            codes.append(next_tok)
-            tok, k = next_tok, k + 1
-        return torch.tensor([codes])
+
+        def call(k: int, tok: int):
+            nonlocal drafts
+            depth = min(self.depth, self.n_codes - k)
+            path, next_tok, drafts = self._verify_call(k, tok, drafts, depth, params, generator, spec)
+            return path, next_tok
+
+        return torch.tensor([spec_frame(_sample(out["logits"][1], params, generator), self.n_codes, spec.stats, call)])
 
     def _verify_call(self, k, tok, drafts, depth, params, generator, spec):
         """One call: root `tok` (code k) + the exported tree, nodes deeper than `depth` (past code 15) dead.

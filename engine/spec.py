@@ -221,14 +221,27 @@ def predict_codes_spec(
     """Codes 1..15 of one frame [1, 15] with speculative verify calls (batch 1)."""
     n = cp.num_heads
     hid = cp.model(cp.prefill_rows(talker_hidden, code0_embed), 0)[0, -1]  # [Hc], position 1
-    tok = _sample(cp.lm_head[0](hid), params, generator)
+    device = hid.device
+
+    def call(k: int, tok: int):
+        nonlocal hid
+        tree = spec.tree.pruned(min(spec.depth, n - k))
+        path, next_tok, hid = _verify_and_walk(cp, tree, spec, k, tok, hid, params, generator)
+        return path, next_tok
+
+    codes = spec_frame(_sample(cp.lm_head[0](hid), params, generator), n, spec.stats, call)
+    return torch.tensor([codes], device=device)
+
+
+def spec_frame(tok: int, n: int, stats: SpecStats, call) -> list[int]:
+    """The per-frame spec loop every backend shares. `tok` is code 1, sampled from the prefill call; then
+    `call(k, tok)` runs one verify call with the last sampled code `tok` (code k) as root and returns the
+    accepted draft codes and the code sampled after them (None when the frame is complete)."""
     codes, k = [tok], 1
-    stats = spec.stats
     stats.calls += 1
     stats.tokens += 1
     while k < n:
-        tree = spec.tree.pruned(min(spec.depth, n - k))
-        path, next_tok, hid = _verify_and_walk(cp, tree, spec, k, tok, hid, params, generator)
+        path, next_tok = call(k, tok)
         codes.extend(path)
         stats.calls += 1
         stats.tokens += len(path) + (next_tok is not None)
@@ -237,7 +250,7 @@ def predict_codes_spec(
             break
         codes.append(next_tok)
         tok, k = next_tok, k + 1
-    return torch.tensor([codes], device=hid.device)
+    return codes
 
 
 def _sample(logits: torch.Tensor, params: SamplingParams, generator) -> int:

@@ -10,6 +10,7 @@ import torch
 from leapvox.engine.code_predictor import CodePredictor
 from leapvox.engine.config import CodePredictorConfig
 from leapvox.engine.generate import predict_codes
+from leapvox.engine.predictor_loop import predict_codes_reference
 from leapvox.engine.sampling import SamplingParams, temperature_top_k_top_p
 from leapvox.engine.spec import (
     DEFAULT_TREE,
@@ -139,7 +140,9 @@ def test_kv_cache_after_spec_equals_ar():
     h, e = torch.randn(1, 1, 16, generator=g), torch.randn(1, 1, 16, generator=g)
     greedy = SamplingParams(do_sample=False)
     with torch.inference_mode():
-        ar = predict_codes(cp, h, e, greedy, None)
+        # the module loop fills cp.model.caches (the hot loop that predict_codes runs keeps its own buffers)
+        ar = predict_codes_reference(cp, h, e, greedy, None)
+        assert predict_codes(cp, h, e, greedy, None).tolist() == ar.tolist()
         k_ar = [c.k[:, :, :16].clone() for c in cp.model.caches]
         for c in cp.model.caches:  # poison the cache so stale rows cannot pass for committed ones
             c.k.fill_(7.0)
