@@ -26,7 +26,14 @@ import torch
 from .coreml_wrappers import PredictorSlots, additive_mask
 from .errors import InputError
 from .sampling import SamplingParams, pick
-from .spec import DraftTree, SpecDecoder, _probs, _sample, _walk_step, sample_without_replacement, spec_frame
+from .spec import (
+    DraftTree,
+    SpecDecoder,
+    _sample,
+    _walk_step,
+    candidates,
+    spec_frame,
+)
 from .talker import Talker
 
 # --compute-units (modes.COMPUTE_UNIT_CHOICES) -> coremltools.ComputeUnit member
@@ -274,17 +281,7 @@ class CoreMLBackend:
 def draft_candidates(drafts: torch.Tensor, widths: list[int], params: SamplingParams, generator):
     """spec.draft's choice from draft logits [K, V] that the verify call returned: per depth the candidates (top-w,
     or w draws without replacement from q) and q (None when greedy), in spec.draft's draw order."""
-    tokens, qs = [], []
-    for j, w in enumerate(widths, start=1):
-        logits = drafts[j - 1].float()
-        if not params.do_sample:
-            tokens.append(torch.topk(logits, w).indices)
-            qs.append(None)
-            continue
-        q = _probs(logits, params)
-        tokens.append(sample_without_replacement(q, w, generator))
-        qs.append(q)
-    return tokens, qs
+    return candidates(drafts[: len(widths)], widths, params, generator)
 
 
 def load_backend(export_dir: Path, talker: Talker, compute_units: str = "cpu_and_ne") -> CoreMLBackend:

@@ -159,10 +159,18 @@ def draft(
 
     Returns per depth the candidate tokens [w] and (when sampling) the draft distribution q [V].
     """
+    logits = (
+        cp.lm_head[k - 1 + j](h if offsets is None else h + _offset(offsets, k, j)) for j in range(1, len(widths) + 1)
+    )
+    return candidates(logits, widths, params, generator)
+
+
+def candidates(logits_by_depth, widths: list[int], params: SamplingParams, generator: torch.Generator | None):
+    """Per depth, from its draft logits [V]: the top-w tokens (greedy) or w draws without replacement from the
+    processed draft distribution q, with q (None when greedy). Depths in order: that is the random draw order."""
     tokens, qs = [], []
-    for j, w in enumerate(widths, start=1):
-        hj = h if offsets is None else h + _offset(offsets, k, j)
-        logits = cp.lm_head[k - 1 + j](hj).float()
+    for logits, w in zip(logits_by_depth, widths, strict=False):
+        logits = logits.float()
         if not params.do_sample:
             tokens.append(torch.topk(logits, w).indices)
             qs.append(None)
