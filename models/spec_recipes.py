@@ -101,10 +101,14 @@ def offset_loss(H, W, codes, offsets, kind: str, params: SamplingParams) -> torc
     return total
 
 
+def verifier_logits(H: torch.Tensor, W: torch.Tensor, j: int) -> torch.Tensor:
+    """The verifier's raw logits at positions p+j (p = 1..15-j): heads p-1+j on H_{p+j} -> [N, 15-j, V]."""
+    return torch.einsum("bph,pvh->bpv", H[:, 1 + j : W.shape[0] + 1], W[j:])
+
+
 def verifier_probs(H: torch.Tensor, W: torch.Tensor, j: int, params: SamplingParams) -> torch.Tensor:
     """The verifier's processed distribution at positions p+j (p = 1..15-j), flattened to [N * (15-j), V]."""
-    target = torch.einsum("bph,pvh->bpv", H[:, 1 + j : W.shape[0] + 1], W[j:])
-    return torch.softmax(temperature_top_k_top_p(target.flatten(0, 1), params), -1)
+    return torch.softmax(temperature_top_k_top_p(verifier_logits(H, W, j).flatten(0, 1), params), -1)
 
 
 @torch.no_grad()
@@ -178,10 +182,10 @@ def rank_acceptance(cp: CodePredictor, frames: Frames, offsets: torch.Tensor | N
     a correct path, and a proxy for sampling."""
     H, W = predictor_hidden(cp, frames), _head_weights(cp)
     b = offsets if offsets is not None else torch.zeros(depth, cp.cfg.hidden_size)
-    n, table = W.shape[0], []
+    table = []
     for j in range(1, depth + 1):
         top = torch.topk(draft_logits(H, W, b, j), ranks, dim=-1).indices  # [N, P, R]
-        target = torch.einsum("bph,pvh->bpv", H[:, 1 + j : n + 1], W[j:]).argmax(-1)  # verifier at position p+j
+        target = verifier_logits(H, W, j).argmax(-1)  # the verifier's choice at position p+j
         table.append((top == target[..., None]).float().mean(dim=(0, 1)).tolist())
     return table
 
