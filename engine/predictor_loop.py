@@ -124,49 +124,84 @@ class PredictorLoop:
         ref = cp.model.norm.weight
         self.dtype, device = ref.dtype, ref.device
         self.nh, self.nkv, self.d = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
-        self.positions = cfg.num_code_groups  # prefill rows 0, 1, then one row per code 1..14
+        self.rope_theta, self.device = cfg.rope_theta, device
         self.layers = [_Layer(layer, self.nh, self.nkv, self.split) for layer in cp.model.layers]
         self.norm, self.eps = cp.model.norm.weight, cp.model.norm.eps
         self.heads = [product(h, self.split) for h in cp.lm_head]
         self.tables = [e.weight for e in cp.model.codec_embedding]
         self.project = product(cp.small_to_mtp_projection, self.split)
-        cos, sin = rope_cos_sin(rope_inv_freq(self.d, cfg.rope_theta), torch.arange(self.positions), self.dtype)
-        half = self.d // 2
-        self.cos = cos.to(device)[:, None]  # [P, 1, D]
-        # rotate_half(x) * sin == swap_halves(x) * (sin with its first half negated), exactly
-        self.sin = torch.cat([-sin[:, :half], sin[:, half:]], dim=-1).to(device)[:, None]
-        rep = self.nh // self.nkv
-        # K/V per layer [nkv, rep, P, D]: viewed as [1, nh, P, D] it is the GQA-repeated cache attention reads
-        shape = (self.nkv, rep, self.positions, self.d)
-        self.keys = [torch.zeros(shape, dtype=self.dtype, device=device) for _ in self.layers]
-        self.values = [torch.zeros(shape, dtype=self.dtype, device=device) for _ in self.layers]
+        self.positions = 0
+        self.reserve(cfg.num_code_groups)  # prefill rows 0, 1, then one row per code 1..14
         self.prefill_mask = causal_mask(0, 2, device)
 
-    def _attend(self, L: _Layer, x: torch.Tensor, start: int, kc: torch.Tensor, vc: torch.Tensor) -> torch.Tensor:
-        """Rows x [T, Hc] at positions start.. -> attention output rows [T, nh * D] (K/V written to kc, vc)."""
+    def reserve(self, slots: int) -> None:
+        """K/V buffers and RoPE tables for `slots` rows (spec mode's verify calls need the tree's rows too)."""
+        if slots <= self.positions:
+            return
+        self.positions = slots
+        cos, sin = rope_cos_sin(rope_inv_freq(self.d, self.rope_theta), torch.arange(slots), self.dtype)
+        half = self.d // 2
+        self.cos = cos.to(self.device)[:, None]  # [P, 1, D]
+        # rotate_half(x) * sin == swap_halves(x) * (sin with its first half negated), exactly
+        self.sin = torch.cat([-sin[:, :half], sin[:, half:]], dim=-1).to(self.device)[:, None]
+        rep = self.nh // self.nkv
+        # K/V per layer [nkv, rep, P, D]: viewed as [1, nh, P, D] it is the GQA-repeated cache attention reads
+        shape = (self.nkv, rep, slots, self.d)
+        self.keys = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in self.layers]
+        self.values = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in self.layers]
+
+    def _attend(self, L: _Layer, x: torch.Tensor, start: int, kc: torch.Tensor, vc: torch.Tensor,
+                mask: torch.Tensor | None = None, positions: torch.Tensor | None = None) -> torch.Tensor:
+        """Rows x [T, Hc] in slots start.. -> attention output rows [T, nh * D] (K/V written to kc, vc). RoPE
+        positions are the slots unless `positions` [T] is given; the mask is causal unless `mask` is given."""
         t, nh, nkv, d = x.shape[0], self.nh, self.nkv, self.d
         end = start + t
         h = rms_norm(x, L.ln1, L.eps)
         qk = torch.cat([L.q(h).view(t, nh, d), L.k(h).view(t, nkv, d)], dim=1)  # [T, nh + nkv, D]
         qk = rms_norm(qk, L.qk_norm, L.qk_eps)
         swapped = qk.view(t, nh + nkv, 2, d // 2).flip(2).view(t, nh + nkv, d)
-        qk = qk * self.cos[start:end] + swapped * self.sin[start:end]
+        if positions is None:
+            qk = qk * self.cos[start:end] + swapped * self.sin[start:end]
+        else:
+            qk = qk * self.cos[positions] + swapped * self.sin[positions]
         kc[:, :, start:end] = qk[:, nh:].transpose(0, 1)[:, None]  # [nkv, 1, T, D] -> every repeat
         vc[:, :, start:end] = L.v(h).view(t, nkv, d).transpose(0, 1)[:, None]
         q = qk[:, :nh].transpose(0, 1)[None]  # [1, nh, T, D]
         keys = kc.view(1, nh, self.positions, d)[:, :, :end]
         values = vc.view(1, nh, self.positions, d)[:, :, :end]
-        mask = self.prefill_mask if t == 2 and start == 0 else causal_mask(start, t, x.device)
+        if mask is None:
+            mask = self.prefill_mask if t == 2 and start == 0 else causal_mask(start, t, x.device)
         out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask)  # [1, nh, T, D]
         return out[0].transpose(0, 1).reshape(t, nh * d)
 
     def hidden(self, x: torch.Tensor, start: int) -> torch.Tensor:
         """Rows x [T, Hc] at positions start..start+T-1 -> the last row's final-normed hidden [1, Hc]."""
+        return rms_norm(self._stack(x, start)[-1:], self.norm, self.eps)
+
+    def rows(self, x: torch.Tensor, start: int, mask: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """A verify call: rows x [T, Hc] written to slots start..start+T-1 at RoPE `positions` [T], attending under
+        `mask` [T, start+T] (bool, True = may attend) -> every row's final-normed hidden [T, Hc]. Same products as
+        the module path (`DecoderStack.forward` with mask and positions)."""
+        if start + x.shape[0] > self.positions:
+            raise RuntimeError(f"predictor buffers too small: need {start + x.shape[0]} rows, have {self.positions}")
+        return rms_norm(self._stack(x, start, mask, positions), self.norm, self.eps)
+
+    def commit(self, src: torch.Tensor, dst: int) -> None:
+        """Copy the K/V rows in slots `src` [n] to slots dst..dst+n-1 (an accepted draft path)."""
+        for kc, vc in zip(self.keys, self.values, strict=True):
+            kc[:, :, dst : dst + len(src)] = kc[:, :, src]
+            vc[:, :, dst : dst + len(src)] = vc[:, :, src]
+
+    def kv(self, layer: int, slots: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Layer `layer`'s cached K, V of slots 0..slots-1 as [nkv, slots, D] (as `KVCache` holds them)."""
+        return self.keys[layer][:, 0, :slots], self.values[layer][:, 0, :slots]
+
+    def _stack(self, x, start, mask=None, positions=None):
         for L, kc, vc in zip(self.layers, self.keys, self.values, strict=True):
-            x = x + L.o(self._attend(L, x, start, kc, vc))
+            x = x + L.o(self._attend(L, x, start, kc, vc, mask, positions))
             h = rms_norm(x, L.ln2, L.eps)
             x = x + L.down(F.silu(L.gate(h)) * L.up(h))
-        return rms_norm(x[-1:], self.norm, self.eps)
+        return x
 
     @torch.inference_mode()
     def _codes(self, talker_hidden, code0_embed, params, generator) -> torch.Tensor:

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .code_predictor import CodePredictor
+from .predictor_loop import PredictorLoop, loop_for
 from .sampling import SamplingParams, temperature_top_k_top_p
 
 
@@ -147,7 +148,7 @@ def _probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
 
 
 def draft(
-    cp: CodePredictor,
+    heads,
     h: torch.Tensor,
     k: int,
     widths: list[int],
@@ -155,12 +156,13 @@ def draft(
     params: SamplingParams,
     generator: torch.Generator | None,
 ) -> tuple[list[torch.Tensor], list[torch.Tensor | None]]:
-    """Candidates for codes k+1..k+len(widths) from the normed hidden h [Hc] at position k.
+    """Candidates for codes k+1..k+len(widths) from the normed hidden h [1, Hc] at position k, through `heads`
+    (the predictor's LM heads as callables on [1, Hc] rows).
 
     Returns per depth the candidate tokens [w] and (when sampling) the draft distribution q [V].
     """
     logits = (
-        cp.lm_head[k - 1 + j](h if offsets is None else h + _offset(offsets, k, j)) for j in range(1, len(widths) + 1)
+        heads[k - 1 + j](h if offsets is None else h + _offset(offsets, k, j))[0] for j in range(1, len(widths) + 1)
     )
     return candidates(logits, widths, params, generator)
 
@@ -226,19 +228,21 @@ def predict_codes_spec(
     generator: torch.Generator | None,
     spec: SpecDecoder,
 ) -> torch.Tensor:
-    """Codes 1..15 of one frame [1, 15] with speculative verify calls (batch 1)."""
+    """Codes 1..15 of one frame [1, 15] with speculative verify calls (batch 1), on the predictor's hot loop
+    (predictor_loop.PredictorLoop: its buffers, its module-free products)."""
     n = cp.num_heads
-    hid = cp.model(cp.prefill_rows(talker_hidden, code0_embed), 0)[0, -1]  # [Hc], position 1
-    device = hid.device
+    loop = loop_for(cp)
+    loop.reserve(cp.cfg.num_code_groups + spec.tree.size + 2)
+    hid = loop.hidden(loop.project(torch.cat([talker_hidden[0], code0_embed[0]])), 0)  # [1, Hc], position 1
 
     def call(k: int, tok: int):
         nonlocal hid
         tree = spec.tree.pruned(min(spec.depth, n - k))
-        path, next_tok, hid = _verify_and_walk(cp, tree, spec, k, tok, hid, params, generator)
+        path, next_tok, hid = _verify_and_walk(loop, tree, spec, k, tok, hid, params, generator)
         return path, next_tok
 
-    codes = spec_frame(_sample(cp.lm_head[0](hid), params, generator), n, spec.stats, call)
-    return torch.tensor([codes], device=device)
+    codes = spec_frame(_sample(loop.heads[0](hid)[0], params, generator), n, spec.stats, call)
+    return torch.tensor([codes], device=hid.device)
 
 
 def spec_frame(tok: int, n: int, stats: SpecStats, call) -> list[int]:
@@ -267,24 +271,20 @@ def _sample(logits: torch.Tensor, params: SamplingParams, generator) -> int:
     return int(torch.multinomial(_probs(logits, params), 1, generator=generator))
 
 
-def _verify_and_walk(cp, tree, spec, k, tok, h, params, generator):
-    """One call: root `tok` (code k) + the draft tree. Returns (accepted codes, next code or None, hidden)."""
-    n = cp.num_heads
+def _verify_and_walk(loop: PredictorLoop, tree, spec, k, tok, h, params, generator):
+    """One call: root `tok` (code k) + the draft tree. Returns (accepted codes, next code or None, hidden [1, Hc])."""
+    n = len(loop.heads)
     widths = tree.widths() if tree.size else []
-    tokens, qs = draft(cp, h, k, widths, spec.offsets, params, generator)
+    tokens, qs = draft(loop.heads, h, k, widths, spec.offsets, params, generator)
     # a sampled depth may have fewer candidates than the tree asks for (tiny support): drop those nodes
     keep = [i for i in range(len(tree.parent)) if i == 0 or tree.rank[i] < len(tokens[tree.depth[i] - 1])]
     if len(keep) < len(tree.parent):
         tree = DraftTree.from_paths(p for i, p in enumerate(tree.paths()) if i in keep and p)
     node_tok = [tok] + [int(tokens[d - 1][r]) for d, r in zip(tree.depth[1:], tree.rank[1:], strict=True)]
-    ids = torch.tensor(node_tok, device=h.device)
-    rows = torch.cat([cp.embed(k + d, ids[i : i + 1])[None] for i, d in enumerate(tree.depth)], dim=1)  # [1,N+1,Hc]
+    # node i carries code k + depth; its input row is that code's table (code g: table g - 1), then the projection
+    rows = torch.cat([loop.tables[k + d - 1][t : t + 1] for t, d in zip(node_tok, tree.depth, strict=True)])
     start = k + 1
-    nodes = len(tree.parent)
-    mask = torch.ones(nodes, start + nodes, dtype=torch.bool, device=h.device)
-    mask[:, start:] = tree.ancestor_mask().to(h.device)
-    positions = torch.tensor(tree.depth, device=h.device) + start
-    hidden = cp.model(rows, start, mask, positions)[0]  # [N+1, Hc]
+    hidden = loop.rows(loop.project(rows), start, _tree_mask(tree, start, h.device), _positions(tree, start, h.device))
 
     kids = tree.children()
     path, u = [], 0
@@ -293,17 +293,38 @@ def _verify_and_walk(cp, tree, spec, k, tok, h, params, generator):
         if code >= n:  # code 15 reached: the frame is complete
             next_tok = None
             break
-        logits = cp.lm_head[code](hidden[u]).float()
+        logits = loop.heads[code](hidden[u : u + 1])[0].float()
         child = _walk_step(logits, kids[u], tree, node_tok, qs, params, generator, spec.stats)
         if isinstance(child, tuple):  # rejected all children (or none): sample here
             next_tok = child[0]
             break
         path.append(child)
         u = child
-    src = torch.tensor(path, device=h.device) + start
     if path:
-        cp.model.move_rows(src, start + 1)
-    return [node_tok[i] for i in path], next_tok, hidden[u]
+        loop.commit(torch.tensor(path, device=h.device) + start, start + 1)
+    return [node_tok[i] for i in path], next_tok, hidden[u : u + 1]
+
+
+@functools.cache
+def _tree_mask_cpu(tree: DraftTree, start: int) -> torch.Tensor:
+    mask = torch.ones(len(tree.parent), start + len(tree.parent), dtype=torch.bool)
+    mask[:, start:] = _ancestor_mask(tree)
+    return mask
+
+
+def _tree_mask(tree: DraftTree, start: int, device) -> torch.Tensor:
+    """[N+1, start+N+1] bool: every node sees the committed prefix, its ancestors and itself."""
+    return _tree_mask_cpu(tree, start).to(device)
+
+
+@functools.cache
+def _positions_cpu(tree: DraftTree, start: int) -> torch.Tensor:
+    return torch.tensor(tree.depth) + start
+
+
+def _positions(tree: DraftTree, start: int, device) -> torch.Tensor:
+    """RoPE positions of the root and the nodes: start + depth."""
+    return _positions_cpu(tree, start).to(device)
 
 
 def _walk_step(logits, children, tree, node_tok, qs, params, generator, stats):

@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from leapvox.engine.code_predictor import CodePredictor
 from leapvox.engine.generate import predict_codes
 from leapvox.engine.options import SynthesisOptions, validate
+from leapvox.engine.predictor_loop import loop_for
 from leapvox.engine.prompt import build_prompt
 from leapvox.engine.sampling import SamplingParams, temperature_top_k_top_p
 from leapvox.engine.spec import DraftTree, SpecDecoder, predict_codes_spec
@@ -233,17 +234,22 @@ def verify_over_ar(cp: CodePredictor, nodes: int, prefix: int = 8, repeats: int 
 
 
 def _call_times(cp: CodePredictor, nodes: int, prefix: int, repeats: int) -> tuple[float, float]:
+    """Both calls as spec and ar run them at batch 1: on the predictor's hot loop (predictor_loop)."""
+    loop = loop_for(cp)
+    loop.reserve(prefix + nodes + 2)
     hc = cp.cfg.hidden_size
-    cp.model.setup_cache(prefix + nodes + 2)
-    x0, x1, x = torch.randn(1, prefix, hc), torch.randn(1, 1, hc), torch.randn(1, nodes + 1, hc)
-    mask = torch.ones(nodes + 1, prefix + nodes + 1, dtype=torch.bool) if nodes else None
+    dtype = cp.model.norm.weight.dtype
+    x0, x1 = torch.randn(prefix, hc).to(dtype), torch.randn(1, hc).to(dtype)
+    x = torch.randn(nodes + 1, hc).to(dtype)
+    mask = torch.ones(nodes + 1, prefix + nodes + 1, dtype=torch.bool)
+    positions = torch.arange(prefix, prefix + nodes + 1)
     verify, ratios = [], []
     for i in range(repeats + 2):
-        cp.model(x0, 0)
+        loop.hidden(x0, 0)
         t0 = time.perf_counter()
-        cp.model(x1, prefix)
+        loop.hidden(x1, prefix)
         t1 = time.perf_counter()
-        cp.model(x, prefix, mask)
+        loop.rows(x, prefix, mask, positions)
         t2 = time.perf_counter()
         if i >= 2:
             verify.append(t2 - t1)

@@ -67,6 +67,41 @@ def test_fast_loop_equals_module_loop(weights, split):
                 assert torch.equal(loop.hidden(rows[0], 0), hidden_ref)  # bit for bit, not just the same codes
 
 
+@pytest.mark.parametrize("weights", ["fp32", "bf16", "int8"])
+def test_verify_rows_equal_the_module_path_and_commit_moves_rows(weights):
+    """spec's verify call on the hot loop (tree mask, depth positions) = DecoderStack.forward with the same mask and
+    positions, bit for bit; commit() copies accepted rows into place."""
+    from leapvox.engine.spec import DEFAULT_TREE
+
+    cp = predictor(weights, seed=1)
+    tree = DEFAULT_TREE
+    nodes, start = len(tree.parent), 5
+    cp.model.setup_cache(start + nodes)
+    loop = PredictorLoop(cp, split=True)
+    loop.reserve(start + nodes)
+    dtype = cp.model.norm.weight.dtype
+    g = torch.Generator().manual_seed(3)
+    prefix, x = torch.randn(1, start, 64, generator=g).to(dtype), torch.randn(1, nodes, 64, generator=g).to(dtype)
+    mask = torch.ones(nodes, start + nodes, dtype=torch.bool)
+    mask[:, start:] = tree.ancestor_mask()
+    positions = torch.tensor(tree.depth) + start
+    with torch.inference_mode():
+        cp.model(prefix, 0)
+        ref = cp.model(x, start, mask, positions)[0]
+        loop.hidden(prefix[0], 0)
+        fast = loop.rows(x[0], start, mask, positions)
+        assert torch.equal(fast, ref)
+        for layer, cache in enumerate(cp.model.caches):
+            k, v = loop.kv(layer, start + nodes)
+            assert torch.equal(k, cache.k[0, :, : start + nodes]) and torch.equal(v, cache.v[0, :, : start + nodes])
+        path = torch.tensor([2, 6]) + start  # two accepted nodes -> slots start+1, start+2
+        want = loop.kv(0, start + nodes)[0][:, path].clone()
+        loop.commit(path, start + 1)
+        assert torch.equal(loop.kv(0, start + 3)[0][:, start + 1 :], want)
+        with pytest.raises(RuntimeError, match="too small"):
+            loop.rows(x[0], loop.positions, mask, positions)
+
+
 def test_split_product_uses_two_halves_and_keeps_bits():
     from leapvox.engine.predictor_loop import product
 

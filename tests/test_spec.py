@@ -10,7 +10,7 @@ import torch
 from leapvox.engine.code_predictor import CodePredictor
 from leapvox.engine.config import CodePredictorConfig
 from leapvox.engine.generate import predict_codes
-from leapvox.engine.predictor_loop import predict_codes_reference
+from leapvox.engine.predictor_loop import loop_for, predict_codes_reference
 from leapvox.engine.sampling import SamplingParams, temperature_top_k_top_p
 from leapvox.engine.spec import (
     DEFAULT_TREE,
@@ -140,17 +140,19 @@ def test_kv_cache_after_spec_equals_ar():
     h, e = torch.randn(1, 1, 16, generator=g), torch.randn(1, 1, 16, generator=g)
     greedy = SamplingParams(do_sample=False)
     with torch.inference_mode():
-        # the module loop fills cp.model.caches (the hot loop that predict_codes runs keeps its own buffers)
+        # the module loop fills cp.model.caches; spec runs on the hot loop's own buffers (loop_for(cp))
         ar = predict_codes_reference(cp, h, e, greedy, None)
         assert predict_codes(cp, h, e, greedy, None).tolist() == ar.tolist()
-        k_ar = [c.k[:, :, :16].clone() for c in cp.model.caches]
-        for c in cp.model.caches:  # poison the cache so stale rows cannot pass for committed ones
-            c.k.fill_(7.0)
+        kv_ar = [(c.k[0, :, :16].clone(), c.v[0, :, :16].clone()) for c in cp.model.caches]
+        loop = loop_for(cp)
+        for buf in loop.keys + loop.values:  # poison the buffers so stale rows cannot pass for committed ones
+            buf.fill_(7.0)
         sp = predict_codes_spec(cp, h, e, greedy, None, SpecDecoder(DEFAULT_TREE))
-        k_sp = [c.k[:, :, :16] for c in cp.model.caches]
+        kv_sp = [loop.kv(layer, 16) for layer in range(len(loop.keys))]
     assert sp.tolist() == ar.tolist()
-    for a, b in zip(k_ar, k_sp, strict=True):
-        assert (a - b).abs().max() < 1e-5
+    assert len(kv_sp) == len(kv_ar) == len(cp.model.layers)
+    for (k_a, v_a), (k_s, v_s) in zip(kv_ar, kv_sp, strict=True):
+        assert (k_a - k_s).abs().max() < 1e-5 and (v_a - v_s).abs().max() < 1e-5
 
 
 def test_spec_mode_end_to_end_greedy_equals_ar_and_counts_calls(tmp_path, monkeypatch):
