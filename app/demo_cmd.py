@@ -41,6 +41,9 @@ def add_commands(sub) -> None:
     p.add_argument("--mode", action="append", choices=MODES, help="decoding mode(s) for --model (default ar)")
     p.add_argument("--window", type=int, help="windowed mode's window (default: the model's)")
     p.add_argument("--weights", help="weight format for --model where supported (e.g. fp32, bf16, int8)")
+    p.add_argument("--temperature", type=float, help="sampling temperature for all codes (default: the model's)")
+    p.add_argument("--top-k", type=int, help="keep the K most likely codes (default: the model's)")
+    p.add_argument("--greedy", action="store_true", help="argmax instead of sampling, for every code")
     p.add_argument("--out", type=Path, help="also write the report with every hypothesis to this JSON file")
     p.add_argument("--workers", type=int, default=2)
     p.set_defaults(func=cmd_wer)
@@ -54,14 +57,27 @@ def add_commands(sub) -> None:
     p.add_argument("--size", choices=["small", "base", "tiny"], default="small")
     p.add_argument("--threads", type=int, help="torch threads (default: torch's choice)")
     p.add_argument("--device", help="cpu, cuda, cuda:1 ... (default: CUDA when present, else CPU)")
+    p.add_argument("--part", choices=["all", "predictor"], default="all",
+                   help="what learns: the whole model (default), or only the code predictor with the talker frozen")
+    p.add_argument("--init", type=Path, help="start from this run's state.pt weights (fresh optimizer, step 0)")
+    p.add_argument("--lr", type=float, default=1e-3, help="peak learning rate (default 1e-3)")
+    p.add_argument("--dropout", type=float, default=0.1, help="residual-branch dropout (default 0.1)")
+    p.add_argument("--cp-fraction", type=float,
+                   help="share of frames that train the code predictor per batch (default 0.25; 1.0 with "
+                        "--part predictor)")
     p.set_defaults(func=cmd_train)
 
 
 def cmd_train(args) -> int:
     from leapvox.models.demo.train import train
 
+    if args.init and not args.init.is_file():
+        print(f"leapvox: no checkpoint at {args.init} (hint: point --init at another run's state.pt)", file=sys.stderr)
+        return 2
+    cp_fraction = args.cp_fraction if args.cp_fraction is not None else (1.0 if args.part == "predictor" else 0.25)
     out = train(str(args.data), str(args.out), steps=args.steps, batch=args.batch, save_every=args.save_every,
-                size=args.size, threads=args.threads, device=args.device,
+                size=args.size, threads=args.threads, device=args.device, lr=args.lr, dropout=args.dropout,
+                cp_fraction=cp_fraction, part=args.part, init=str(args.init) if args.init else None,
                 log=lambda m: print(m, file=sys.stderr, flush=True))
     print(out)
     return 0
@@ -92,6 +108,18 @@ def _load_for_wer(name: str, weights: str | None):
     return load_model(folder, weights or "fp32")
 
 
+def _sampling(opts, args):
+    """The model's defaults with --greedy / --temperature / --top-k applied to code 0 and codes 1..15."""
+    from dataclasses import replace
+
+    def one(p):
+        p = replace(p, do_sample=p.do_sample and not args.greedy)
+        p = replace(p, temperature=args.temperature) if args.temperature is not None else p
+        return replace(p, top_k=args.top_k) if args.top_k is not None else p
+
+    return replace(opts, talker=one(opts.talker), predictor=one(opts.predictor))
+
+
 def cmd_wer(args) -> int:
     from dataclasses import replace
 
@@ -120,7 +148,7 @@ def cmd_wer(args) -> int:
         synth = loaded.synthesizer()
         for mode in args.mode or ["ar"]:
             key = f"{name}:{mode}" + (f":w{args.window}" if mode == "windowed" and args.window else "")
-            opts = replace(loaded.defaults, mode=mode, window=args.window or loaded.defaults.window)
+            opts = _sampling(replace(loaded.defaults, mode=mode, window=args.window or loaded.defaults.window), args)
             results[key], extra = quality.score_model(texts, synth, opts, ref_frames, args.workers)
             report[key] = dict(results[key].summary(), **extra)
     first = next(iter(results), None)

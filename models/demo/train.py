@@ -126,12 +126,16 @@ def predictor_logits(model: TTSModel, h: torch.Tensor, starts: list[int], frames
     return torch.stack([cp.lm_head[g](hc[:, g + 1]) for g in range(15)], 1), codes
 
 
-def loss_on(model: TTSModel, cfg: TTSConfig, batch: list[Example], dropout: float, cp_fraction: float, rng):
+def loss_on(model: TTSModel, cfg: TTSConfig, batch: list[Example], dropout: float, cp_fraction: float, rng,
+            talker_frozen: bool = False):
+    """(code-0 loss, codes 1..15 loss) of one batch. With `talker_frozen` the talker runs without dropout or
+    gradients (the predictor-only stage) and the code-0 loss is still reported."""
     talker = model.talker
     x, target, starts, frames = make_batch(model, cfg, batch)
-    h = talker.model.forward_train(x, dropout)  # [B, S, H]
-    logits = talker.codec_head(h)
-    l0 = F.cross_entropy(logits.flatten(0, 1), target.flatten(), ignore_index=-100)
+    with torch.set_grad_enabled(torch.is_grad_enabled() and not talker_frozen):
+        h = talker.model.forward_train(x, 0.0 if talker_frozen else dropout)  # [B, S, H]
+        logits = talker.codec_head(h)
+        l0 = F.cross_entropy(logits.flatten(0, 1), target.flatten(), ignore_index=-100)
     picks = pick_frames(batch, cp_fraction, rng)
     if not picks:
         return l0, torch.zeros(())
@@ -189,8 +193,15 @@ def export(model: TTSModel, cfg_dict: dict, tok_dir: Path, codec_dir: Path, out:
 
 def train(data_dir: str, out_dir: str, steps: int = 20000, batch: int = 16, lr: float = 1e-3,
           dropout: float = 0.1, cp_fraction: float = 0.25, save_every: int = 500, seed: int = 0,
-          threads: int | None = None, size: str = "small", device: str | None = None, log=print) -> Path:
-    """Train (or resume) the demo model on `device` (default: CUDA when present, else CPU); returns the export."""
+          threads: int | None = None, size: str = "small", device: str | None = None, log=print,
+          part: str = "all", init: str | None = None) -> Path:
+    """Train (or resume) the demo model on `device` (default: CUDA when present, else CPU); returns the export.
+
+    `part="predictor"` is a second stage: the talker is frozen (no dropout, no gradients) and only the code
+    predictor learns, from the code-1..15 loss on `cp_fraction` of the frames. `init` starts a fresh run (step 0,
+    new optimizer) from another run's state.pt weights; an existing out/state.pt still takes precedence (resume)."""
+    if part not in ("all", "predictor"):
+        raise ValueError(f"part must be 'all' or 'predictor', got {part!r}")
     from leapvox.models.tokenizer import TextTokenizer
 
     if threads:
@@ -208,8 +219,18 @@ def train(data_dir: str, out_dir: str, steps: int = 20000, batch: int = 16, lr: 
     model = TTSModel(cfg.talker).to(device)
     examples = load_examples(data, "train", tokenizer)
     held_out = load_examples(data, "test", tokenizer)[:64]
-    opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.98), weight_decay=0.01)
+    frozen = part == "predictor"
+    if frozen:
+        for p in model.parameters():
+            p.requires_grad_(False)
+        for p in model.talker.code_predictor.parameters():
+            p.requires_grad_(True)
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr, betas=(0.9, 0.98),
+                            weight_decay=0.01)
     step, state = 0, out / "state.pt"
+    if init and not state.is_file():
+        model.load_state_dict(torch.load(init, weights_only=False, map_location=device)["model"])
+        log(f"initialised from {init}")
     if state.is_file():
         s = torch.load(state, weights_only=False, map_location=device)
         model.load_state_dict(s["model"])
@@ -221,7 +242,9 @@ def train(data_dir: str, out_dir: str, steps: int = 20000, batch: int = 16, lr: 
     buckets = [examples[i : i + batch] for i in range(0, len(examples), batch)]
     longest = [max(len(e.codes) for e in b) for b in buckets]
     n_params = sum(p.numel() for p in model.parameters())
-    log(f"{len(examples)} training utterances, {len(held_out)} held-out, {n_params:,} params, on {device}")
+    trained = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    log(f"{len(examples)} training utterances, {len(held_out)} held-out, {n_params:,} params "
+        f"({trained:,} trained), on {device}")
     t0 = time.time()
     while step < steps:
         model.train()
@@ -229,9 +252,9 @@ def train(data_dir: str, out_dir: str, steps: int = 20000, batch: int = 16, lr: 
             g["lr"] = lr * lr_factor(step, steps)
         cap = curriculum_cap(step)
         allowed = [b for b, n in zip(buckets, longest, strict=True) if n <= cap] or buckets
-        l0, lcp = loss_on(model, cfg, rng.choice(allowed), dropout, cp_fraction, rng)
+        l0, lcp = loss_on(model, cfg, rng.choice(allowed), dropout, cp_fraction, rng, frozen)
         opt.zero_grad()
-        (l0 + lcp).backward()
+        (lcp if frozen else l0 + lcp).backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         step += 1

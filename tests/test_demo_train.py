@@ -1,0 +1,59 @@
+"""The demo model's training recipe on a fabricated mini data set: it resumes, and its predictor-only stage moves
+the code predictor and nothing else. (Learning itself is measured by the model card's runs, not here.)"""
+
+from __future__ import annotations
+
+import shutil
+
+import torch
+
+from leapvox.models.catalog import DEMO_DIR
+from leapvox.models.demo.train import train
+
+PHONEMES = ["həlˈoʊ wˈɜːld.", "ðə kwˈɪk bɹˈaʊn fˈɑːks.", "dʒˈʌmps ˌoʊvɚ ðə lˈeɪzi dˈɑːɡ.", "ɪts ɐ tˈɛst."]
+
+
+def fake_data(folder, utterances: int = 12, seed: int = 0):
+    """build-data's split layout with random codes (code 0 < 1024, codes 1..15 < 256)."""
+    g = torch.Generator().manual_seed(seed)
+    for name in ("train", "test"):
+        lengths = torch.randint(6, 14, (utterances,), generator=g)
+        codes = torch.cat([torch.randint(0, 256, (int(n), 16), generator=g) for n in lengths])
+        codes[:, 0] = torch.randint(0, 1024, (len(codes),), generator=g)
+        split = {
+            "text": [f"sentence {i}" for i in range(len(PHONEMES))], "phonemes": PHONEMES,
+            "source": ["fortunes"] * len(PHONEMES), "codes": codes.short(),
+            "offsets": torch.cat([torch.zeros(1, dtype=torch.long), lengths.cumsum(0)]),
+            "sentence": torch.arange(utterances, dtype=torch.int32) % len(PHONEMES),
+        }
+        torch.save(split, folder / f"{name}.pt")
+    shutil.copytree(DEMO_DIR / "speech_tokenizer", folder / "speech_tokenizer")
+
+
+def weights(state_file):
+    return torch.load(state_file, weights_only=False)["model"]
+
+
+def test_train_resumes_and_the_predictor_stage_moves_only_the_predictor(tmp_path):
+    data = tmp_path / "data"
+    data.mkdir()
+    fake_data(data)
+    logs = []
+    first = tmp_path / "run"
+    train(str(data), str(first), steps=3, batch=4, save_every=3, size="tiny", threads=1, log=logs.append)
+    assert weights(first / "state.pt") and torch.load(first / "state.pt", weights_only=False)["step"] == 3
+    train(str(data), str(first), steps=5, batch=4, save_every=5, size="tiny", threads=1, log=logs.append)
+    assert "resumed at step 3" in logs
+    assert torch.load(first / "state.pt", weights_only=False)["step"] == 5
+
+    second = tmp_path / "predictor"
+    export = train(str(data), str(second), steps=4, batch=4, save_every=4, size="tiny", threads=1,
+                   part="predictor", init=str(first / "state.pt"), cp_fraction=1.0, lr=1e-2, log=logs.append)
+    assert any(m.startswith("initialised from") for m in logs)
+    before, after = weights(first / "state.pt"), weights(second / "state.pt")
+    predictor = [k for k in before if k.startswith("talker.code_predictor.")]
+    rest = [k for k in before if k not in predictor]
+    assert predictor and rest
+    assert all(torch.equal(before[k], after[k]) for k in rest)  # the talker is frozen
+    assert sum(not torch.equal(before[k], after[k]) for k in predictor) > len(predictor) // 2
+    assert (export / "model.safetensors").is_file() and (export / "speech_tokenizer").is_dir()
