@@ -60,6 +60,9 @@ def add_commands(sub) -> None:
     p.add_argument("--part", choices=["all", "predictor"], default="all",
                    help="what learns: the whole model (default), or only the code predictor with the talker frozen")
     p.add_argument("--init", type=Path, help="start from this run's state.pt weights (fresh optimizer, step 0)")
+    p.add_argument("--predictor-layers", type=int, default=2,
+                   help="code predictor depth (default 2); more than --init's run adds layers that start as "
+                        "identities")
     p.add_argument("--lr", type=float, default=1e-3, help="peak learning rate (default 1e-3)")
     p.add_argument("--dropout", type=float, default=0.1, help="residual-branch dropout (default 0.1)")
     p.add_argument("--cp-fraction", type=float,
@@ -78,6 +81,7 @@ def cmd_train(args) -> int:
     out = train(str(args.data), str(args.out), steps=args.steps, batch=args.batch, save_every=args.save_every,
                 size=args.size, threads=args.threads, device=args.device, lr=args.lr, dropout=args.dropout,
                 cp_fraction=cp_fraction, part=args.part, init=str(args.init) if args.init else None,
+                predictor_layers=args.predictor_layers,
                 log=lambda m: print(m, file=sys.stderr, flush=True))
     print(out)
     return 0

@@ -57,3 +57,22 @@ def test_train_resumes_and_the_predictor_stage_moves_only_the_predictor(tmp_path
     assert all(torch.equal(before[k], after[k]) for k in rest)  # the talker is frozen
     assert sum(not torch.equal(before[k], after[k]) for k in predictor) > len(predictor) // 2
     assert (export / "model.safetensors").is_file() and (export / "speech_tokenizer").is_dir()
+
+
+def test_grown_predictor_starts_as_the_smaller_one():
+    from leapvox.engine.config import TTSConfig
+    from leapvox.engine.talker import TTSModel
+    from leapvox.models.demo.train import demo_config, load_grown
+
+    special = {t: 290 + i for i, t in enumerate(["<|im_start|>", "<|im_end|>", "<tts_pad>", "<tts_text_bos>",
+                                                   "<tts_text_eod>"])}
+    small_cfg, big_cfg = (TTSConfig.from_dict(demo_config(300, special, 289, "tiny", n)) for n in (2, 3))
+    torch.manual_seed(0)
+    small, big = TTSModel(small_cfg.talker).eval(), TTSModel(big_cfg.talker).eval()
+    assert load_grown(big, small.state_dict()) == 1
+    assert len(big.talker.code_predictor.model.layers) == 3
+    x = torch.randn(2, 5, small_cfg.talker.code_predictor.hidden_size)
+    with torch.no_grad():
+        a = small.talker.code_predictor.model.forward_train(x)
+        b = big.talker.code_predictor.model.forward_train(x)
+    assert torch.allclose(a, b, atol=1e-6)

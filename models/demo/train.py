@@ -29,7 +29,8 @@ SPEAKER, LANGUAGE = "leap", "english"
 SIZES = {"small": 256, "base": 192, "tiny": 64}  # hidden width; 4 talker layers, 2 code-predictor layers
 
 
-def demo_config(text_vocab_size: int, special_ids: dict[str, int], assistant_id: int, size: str = "small") -> dict:
+def demo_config(text_vocab_size: int, special_ids: dict[str, int], assistant_id: int, size: str = "small",
+                predictor_layers: int = 2) -> dict:
     """config.json for the demo model: code 0 in 0..1023, control ids in the suppressed range 1024..2047."""
     h = SIZES[size]
     layer = dict(
@@ -41,7 +42,7 @@ def demo_config(text_vocab_size: int, special_ids: dict[str, int], assistant_id:
         num_code_groups=16, codec_pad_id=1100, codec_bos_id=1101, codec_eos_token_id=1102, codec_think_id=1103,
         codec_nothink_id=1104, codec_think_bos_id=1105, codec_think_eos_id=1106,
         codec_language_id={LANGUAGE: 1110}, spk_id={SPEAKER: 1200}, spk_is_dialect={SPEAKER: False},
-        code_predictor_config=dict(layer, num_hidden_layers=2, vocab_size=256, num_code_groups=16),
+        code_predictor_config=dict(layer, num_hidden_layers=predictor_layers, vocab_size=256, num_code_groups=16),
     )
     return {
         "model_type": "qwen3_tts", "tts_model_type": "custom_voice", "tts_model_size": "demo",
@@ -158,6 +159,24 @@ def load_examples(data_dir: Path, split: str, tokenize, max_frames: int = 200) -
     return out
 
 
+def load_grown(model: TTSModel, state: dict) -> int:
+    """Load `state` into `model`, which may have more code-predictor layers than `state`; those extra layers get
+    zero output projections (attention o_proj, MLP down_proj), so each is an identity on the residual stream.
+    Returns how many layers were added."""
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    prefix = "talker.code_predictor.model.layers."
+    new_layers = sorted({int(k[len(prefix):].split(".")[0]) for k in missing if k.startswith(prefix)})
+    wrong = [k for k in missing if not k.startswith(prefix)] + list(unexpected)
+    if wrong:
+        raise ValueError(f"checkpoint does not fit this model: {wrong[:3]} ...")
+    layers = model.talker.code_predictor.model.layers
+    with torch.no_grad():
+        for i in new_layers:
+            layers[i].self_attn.o_proj.weight.zero_()
+            layers[i].mlp.down_proj.weight.zero_()
+    return len(new_layers)
+
+
 def lr_factor(step: int, steps: int, warmup: int = 150, floor: float = 0.1) -> float:
     """Linear warm-up, then cosine decay to `floor` of the peak at the last step."""
     if step < warmup:
@@ -194,12 +213,14 @@ def export(model: TTSModel, cfg_dict: dict, tok_dir: Path, codec_dir: Path, out:
 def train(data_dir: str, out_dir: str, steps: int = 20000, batch: int = 16, lr: float = 1e-3,
           dropout: float = 0.1, cp_fraction: float = 0.25, save_every: int = 500, seed: int = 0,
           threads: int | None = None, size: str = "small", device: str | None = None, log=print,
-          part: str = "all", init: str | None = None) -> Path:
+          part: str = "all", init: str | None = None, predictor_layers: int = 2) -> Path:
     """Train (or resume) the demo model on `device` (default: CUDA when present, else CPU); returns the export.
 
     `part="predictor"` is a second stage: the talker is frozen (no dropout, no gradients) and only the code
     predictor learns, from the code-1..15 loss on `cp_fraction` of the frames. `init` starts a fresh run (step 0,
-    new optimizer) from another run's state.pt weights; an existing out/state.pt still takes precedence (resume)."""
+    new optimizer) from another run's state.pt weights; an existing out/state.pt still takes precedence (resume).
+    With more `predictor_layers` than the `init` run had, the extra predictor layers start as identities (their
+    output projections zero), so the grown model begins exactly where the smaller one stopped."""
     if part not in ("all", "predictor"):
         raise ValueError(f"part must be 'all' or 'predictor', got {part!r}")
     from leapvox.models.tokenizer import TextTokenizer
@@ -212,7 +233,7 @@ def train(data_dir: str, out_dir: str, steps: int = 20000, batch: int = 16, lr: 
     train_pt = torch.load(data / "train.pt", weights_only=False)
     ids = write_tokenizer(tok_dir, train_pt["phonemes"])
     tokenizer = TextTokenizer(tok_dir)
-    cfg_dict = demo_config(ids["vocab_size"], ids["special"], ids["assistant"], size)
+    cfg_dict = demo_config(ids["vocab_size"], ids["special"], ids["assistant"], size, predictor_layers)
     cfg = TTSConfig.from_dict(cfg_dict)
     torch.manual_seed(seed)
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
@@ -229,8 +250,8 @@ def train(data_dir: str, out_dir: str, steps: int = 20000, batch: int = 16, lr: 
                             weight_decay=0.01)
     step, state = 0, out / "state.pt"
     if init and not state.is_file():
-        model.load_state_dict(torch.load(init, weights_only=False, map_location=device)["model"])
-        log(f"initialised from {init}")
+        grown = load_grown(model, torch.load(init, weights_only=False, map_location=device)["model"])
+        log(f"initialised from {init}" + (f" ({grown} new predictor layers start as identities)" if grown else ""))
     if state.is_file():
         s = torch.load(state, weights_only=False, map_location=device)
         model.load_state_dict(s["model"])
