@@ -58,7 +58,8 @@ def add_commands(sub) -> None:
     p.add_argument("--threads", type=int, help="torch threads (default: torch's choice)")
     p.add_argument("--device", help="cpu, cuda, cuda:1 ... (default: CUDA when present, else CPU)")
     p.add_argument("--part", choices=["all", "predictor"], default="all",
-                   help="what learns: the whole model (default), or only the code predictor with the talker frozen")
+                   help="what learns: the whole model (default), or only the code predictor (its embedding tables, "
+                        "which the talker also reads, included) with the talker's own weights frozen")
     p.add_argument("--init", type=Path, help="start from this run's state.pt weights (fresh optimizer, step 0)")
     p.add_argument("--predictor-layers", type=int, default=2,
                    help="code predictor depth (default 2); more than --init's run adds layers that start as "

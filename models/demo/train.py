@@ -216,8 +216,10 @@ def train(data_dir: str, out_dir: str, steps: int = 20000, batch: int = 16, lr: 
           part: str = "all", init: str | None = None, predictor_layers: int = 2) -> Path:
     """Train (or resume) the demo model on `device` (default: CUDA when present, else CPU); returns the export.
 
-    `part="predictor"` is a second stage: the talker is frozen (no dropout, no gradients) and only the code
-    predictor learns, from the code-1..15 loss on `cp_fraction` of the frames. `init` starts a fresh run (step 0,
+    `part="predictor"` is a second stage: the talker's own weights are frozen (no dropout, no gradients) and only
+    the code predictor learns, from the code-1..15 loss on `cp_fraction` of the frames. The predictor's code
+    embedding tables learn too, and the talker reads them for codes 1..15 of past frames, so its code-0 loss can
+    still move a little (reported at every checkpoint). `init` starts a fresh run (step 0,
     new optimizer) from another run's state.pt weights; an existing out/state.pt still takes precedence (resume).
     With more `predictor_layers` than the `init` run had, the extra predictor layers start as identities (their
     output projections zero), so the grown model begins exactly where the smaller one stopped."""
