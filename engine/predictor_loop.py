@@ -13,6 +13,10 @@ bit for bit in every weight format, with the same random draws in the same order
     halves of the weight's rows (torch.bmm hands one half to each thread; the result is bit-identical). bf16
     (oneDNN) and int8 (`_weight_int8pack_mm`) products use both threads already.
 
+spec mode's verify calls run here too (`rows`: the root and draft-tree rows under a tree mask at depth positions,
+in slots after the committed prefix; `commit`: the accepted rows moved into place), with the same products as
+the module path.
+
 Measured on the 2-core box (contended): `leapvox bench` reports the predictor call as a multiple of its
 memory-bandwidth floor for this loop and for the reference loop.
 """
