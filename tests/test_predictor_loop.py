@@ -70,7 +70,7 @@ def test_fast_loop_equals_module_loop(weights, split):
 @pytest.mark.parametrize("weights", ["fp32", "bf16", "int8"])
 def test_verify_rows_equal_the_module_path_and_commit_moves_rows(weights):
     """spec's verify call on the hot loop (tree mask, depth positions) = DecoderStack.forward with the same mask and
-    positions, bit for bit; commit() copies accepted rows into place."""
+    positions (bit for bit but for fp32's split products); commit() copies accepted rows into place."""
     from leapvox.engine.spec import DEFAULT_TREE
 
     cp = predictor(weights, seed=1)
@@ -90,10 +90,12 @@ def test_verify_rows_equal_the_module_path_and_commit_moves_rows(weights):
         ref = cp.model(x, start, mask, positions)[0]
         loop.hidden(prefix[0], 0)
         fast = loop.rows(x[0], start, mask, positions)
-        assert torch.equal(fast, ref)
+        # fp32 verify rows take the two-half split products: equal up to rounding; bf16 and int8 bit for bit
+        same = (lambda a, b: torch.allclose(a, b, rtol=1e-5, atol=1e-5)) if weights == "fp32" else torch.equal
+        assert same(fast, ref)
         for layer, cache in enumerate(cp.model.caches):
             k, v = loop.kv(layer, start + nodes)
-            assert torch.equal(k, cache.k[0, :, : start + nodes]) and torch.equal(v, cache.v[0, :, : start + nodes])
+            assert same(k, cache.k[0, :, : start + nodes]) and same(v, cache.v[0, :, : start + nodes])
         path = torch.tensor([2, 6]) + start  # two accepted nodes -> slots start+1, start+2
         want = loop.kv(0, start + nodes)[0][:, path].clone()
         loop.commit(path, start + 1)
