@@ -35,7 +35,9 @@ def add_commands(sub) -> None:
     p = dsub.add_parser("wer", help="pocketsphinx WER on the test split: raw espeak, codec resynthesis, models")
     p.add_argument("--data", required=True, type=Path, help="folder written by build-data")
     p.add_argument("-n", type=int, default=300, help="test sentences to score (default 300)")
-    p.add_argument("--what", default="espeak,codec", help="comma list of: espeak, codec (default both)")
+    p.add_argument("--what", default="espeak,codec",
+                   help="comma list of: espeak, codec, and predictor (each --model's codes 1..15 over the true "
+                        "code 0, talker teacher-forced) (default espeak,codec)")
     p.add_argument("--model", action="append", default=[],
                    help="also score this model's synthesis (repeatable; sentence i sampled with seed i)")
     p.add_argument("--mode", action="append", choices=MODES, help="decoding mode(s) for --model (default ar)")
@@ -142,8 +144,10 @@ def cmd_wer(args) -> int:
             results[what] = quality.score_espeak(texts, args.workers)
         elif what == "codec":
             results[what] = quality.score_codec(texts, load_codec(args.data / "speech_tokenizer"), args.workers)
+        elif what == "predictor":
+            continue  # per --model, below
         else:
-            print(f"leapvox: unknown --what {what!r} (espeak, codec)", file=sys.stderr)
+            print(f"leapvox: unknown --what {what!r} (espeak, codec, predictor)", file=sys.stderr)
             return 2
         report[what] = results[what].summary()
     if args.model:
@@ -151,6 +155,13 @@ def cmd_wer(args) -> int:
     for name in args.model:
         loaded = _load_for_wer(name, args.weights)
         synth = loaded.synthesizer()
+        if "predictor" in args.what.split(","):
+            key = f"{name}:predictor"
+            defaults = _sampling(loaded.defaults, args)
+            with torch.inference_mode():
+                codes = quality.teacher_forced_codes(loaded, split, len(texts), defaults.predictor)
+                results[key] = quality.score_codes(texts, codes, loaded.codec, args.workers)
+            report[key] = results[key].summary()
         for mode in args.mode or ["ar"]:
             key = f"{name}:{mode}" + (f":w{args.window}" if mode == "windowed" and args.window else "")
             opts = _sampling(replace(loaded.defaults, mode=mode, window=args.window or loaded.defaults.window), args)

@@ -76,3 +76,26 @@ def test_grown_predictor_starts_as_the_smaller_one():
         a = small.talker.code_predictor.model.forward_train(x)
         b = big.talker.code_predictor.model.forward_train(x)
     assert torch.allclose(a, b, atol=1e-6)
+
+
+def test_teacher_forced_codes_keep_code_0_and_sample_the_rest():
+    """The WER diagnostic `demo wer --what predictor`: true code 0 of the canonical rendition, the bundled model's
+    codes 1..15 (seeded per sentence, so reruns agree)."""
+    from leapvox.models.checkpoint import load_model
+    from leapvox.models.demo.data import CANONICAL
+    from leapvox.models.demo.quality import teacher_forced_codes
+
+    g = torch.Generator().manual_seed(1)
+    lengths = [7, 9, 5]
+    codes = torch.cat([torch.randint(0, 256, (n, 16), generator=g) for n in lengths])
+    codes[:, 0] = torch.randint(0, 1024, (len(codes),), generator=g)
+    split = {"phonemes": PHONEMES[:2], "codes": codes.short(), "sentence": torch.tensor([0, 0, 1]),
+             "offsets": torch.tensor([0, 7, 16, 21]),
+             "speed": torch.tensor([CANONICAL[0], 150, CANONICAL[0]]), "pitch": torch.tensor([CANONICAL[1]] * 3)}
+    m = load_model(DEMO_DIR)
+    out = teacher_forced_codes(m, split, 2)
+    assert [tuple(c.shape) for c in out] == [(7, 16), (5, 16)]  # the canonical renditions, in sentence order
+    assert torch.equal(out[0][:, 0], codes[:7, 0].long()) and torch.equal(out[1][:, 0], codes[16:, 0].long())
+    assert all(int(c[:, 1:].max()) < 256 and int(c[:, 1:].min()) >= 0 for c in out)
+    again = teacher_forced_codes(m, split, 2)
+    assert all(torch.equal(a, b) for a, b in zip(out, again, strict=True))

@@ -199,6 +199,37 @@ def score_model(texts: list[str], synth, opts, ref_frames: list[int], workers: i
     return result, extra
 
 
+@torch.inference_mode()
+def teacher_forced_codes(loaded, split: dict, n: int, params=None) -> list[torch.Tensor]:
+    """Codes [T, 16] for sentences 0..n-1 of a build-data split whose code 0 is the canonical rendition's own and
+    whose codes 1..15 the model's code predictor samples (sentence i with seed i) from the talker run teacher-forced
+    over those frames. Scoring them isolates the predictor's share of the WER gap from the talker's."""
+    from leapvox.engine.predictor_loop import PredictorLoop
+
+    from .data import CANONICAL
+    from .train import Example, make_batch
+
+    tts, cfg, tok = loaded.tts, loaded.config, loaded.tokenizer
+    tts.eval()
+    role = tok("<|im_start|>assistant\n")
+    params = params or loaded.defaults.predictor
+    loop = PredictorLoop(tts.talker.code_predictor)
+    out: dict[int, torch.Tensor] = {}
+    for u in range(len(split["sentence"])):
+        s = int(split["sentence"][u])
+        if s >= n or (int(split["speed"][u]), int(split["pitch"][u])) != CANONICAL:
+            continue
+        codes = split["codes"][split["offsets"][u] : split["offsets"][u + 1]].long()
+        x, _, starts, _ = make_batch(tts, cfg, [Example(role, tok(split["phonemes"][s]), codes)])
+        h = tts.talker.model.forward_train(x, 0.0)  # [1, S, H]; row L-1+k produced code 0 of frame k
+        g, L, rows = torch.Generator().manual_seed(s), starts[0], []
+        for k in range(len(codes)):
+            c0 = codes[k : k + 1, :1]  # [1, 1]
+            rows.append(torch.cat([c0, loop(h[:, L - 1 + k][:, None], tts.talker.embed_codec(c0), params, g)], 1))
+        out[s] = torch.cat(rows)
+    return [out[s] for s in range(n)]
+
+
 def score_codes(texts: list[str], codes: list[torch.Tensor], codec, workers: int = 2) -> WerResult:
     """Decode stored codes [T, 16] (e.g. the dataset's, or a model's output) and score them."""
     return score_audio(texts, lambda t, i: (codec(codes[i].long().t()[None])[0, 0].numpy(), 24000), workers)
