@@ -151,28 +151,36 @@ def read_text(args) -> str:
     return text
 
 
-def speak_options(args, defaults):
+def _given(obj, **values):
+    """replace() with only the options the user gave (None = not given)."""
     from dataclasses import replace
 
-    def given(obj, **values):  # replace() with only the options the user gave
-        return replace(obj, **{k: v for k, v in values.items() if v is not None})
+    return replace(obj, **{k: v for k, v in values.items() if v is not None})
 
-    def sampling(p):
-        p = replace(p, do_sample=p.do_sample and not args.greedy)
-        return given(p, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
+
+def sampling_args(p, args):
+    """SamplingParams `p` with the --greedy, --temperature, --top-k and --top-p that `args` has and the user gave."""
+    from dataclasses import replace
+
+    p = replace(p, do_sample=p.do_sample and not args.greedy)
+    return _given(p, **{k: getattr(args, k, None) for k in ("temperature", "top_k", "top_p")})
+
+
+def speak_options(args, defaults):
+    from dataclasses import replace
 
     opts = replace(
         defaults,
         language=args.language,
         instruct=args.instruct,
         text_layout=args.text_layout,
-        talker=sampling(defaults.talker),
-        predictor=sampling(defaults.predictor),
+        talker=sampling_args(defaults.talker, args),
+        predictor=sampling_args(defaults.predictor, args),
         seed=args.seed,
         runaway_guard=not args.no_guard,
         mode=args.mode,
     )
-    return given(
+    return _given(
         opts, speaker=args.speaker or None, repetition_penalty=args.repetition_penalty, max_frames=args.max_frames,
         window=getattr(args, "window", None),
     )

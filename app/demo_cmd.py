@@ -119,12 +119,9 @@ def _sampling(opts, args):
     """The model's defaults with --greedy / --temperature / --top-k applied to code 0 and codes 1..15."""
     from dataclasses import replace
 
-    def one(p):
-        p = replace(p, do_sample=p.do_sample and not args.greedy)
-        p = replace(p, temperature=args.temperature) if args.temperature is not None else p
-        return replace(p, top_k=args.top_k) if args.top_k is not None else p
+    from leapvox.app.cli import sampling_args
 
-    return replace(opts, talker=one(opts.talker), predictor=one(opts.predictor))
+    return replace(opts, talker=sampling_args(opts.talker, args), predictor=sampling_args(opts.predictor, args))
 
 
 def cmd_wer(args) -> int:

@@ -38,9 +38,8 @@ class TorchBackend:
         self.cache: FullCache | RingCache | None = None
 
     def setup(self, prefix: int, max_frames: int, spec: SpecDecoder | None = None, window: int | None = None) -> int:
+        # the code predictor runs on its hot loop (predictor_loop), which keeps and sizes its own buffers
         self.cache = RingCache(self.talker, prefix, window) if window else FullCache(self.talker, prefix, max_frames)
-        cp = self.talker.code_predictor
-        cp.model.setup_cache(cp.cfg.num_code_groups + (spec.tree.size + 2 if spec else 0))
         return max_frames
 
     def prefill(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -14,8 +14,8 @@ bit for bit in every weight format, with the same random draws in the same order
     (oneDNN) and int8 (`_weight_int8pack_mm`) products use both threads already.
 
 spec mode's verify calls run here too (`rows`: the root and draft-tree rows under a tree mask at depth positions,
-in slots after the committed prefix; `commit`: the accepted rows moved into place), with the same products as
-the module path.
+in slots after the committed prefix; `commit`: the accepted rows moved into place); their fp32 products over
+several rows take the same two-half split, equal to the module path's up to rounding (SPLIT_ROWS_MAX).
 
 Measured on the 2-core box (contended): `leapvox bench` reports the predictor call as a multiple of its
 memory-bandwidth floor for this loop and for the reference loop.

@@ -274,7 +274,6 @@ class SpecRun:
 @torch.inference_mode()
 def run_spec(cp: CodePredictor, frames: Frames, spec: SpecDecoder, params: SamplingParams, seed: int = 0) -> SpecRun:
     """Run spec decoding on every frame's (h, C(c0)), recording each frame's calls."""
-    cp.model.setup_cache(cp.cfg.num_code_groups + spec.tree.size + 2)
     g = torch.Generator().manual_seed(seed) if params.do_sample else None
     s, calls, tokens = spec.stats, [], []
     t = time.perf_counter()
@@ -296,7 +295,6 @@ def measure_spec(cp: CodePredictor, frames: Frames, spec: SpecDecoder, params: S
 
 @torch.inference_mode()
 def measure_ar(cp: CodePredictor, frames: Frames, params: SamplingParams, seed: int = 0) -> float:
-    cp.model.setup_cache(cp.cfg.num_code_groups)
     g = torch.Generator().manual_seed(seed) if params.do_sample else None
     t = time.perf_counter()
     for i in range(len(frames.codes)):

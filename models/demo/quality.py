@@ -160,16 +160,21 @@ def score_codec(texts: list[str], codec, workers: int = 2) -> WerResult:
     return score_audio(texts, resynth, workers)
 
 
-def canonical_frames(split: dict, n: int) -> list[int]:
-    """Frames of the canonical espeak rendition of sentences 0..n-1 of a build-data split (the length reference)."""
+def canonical_utterances(split: dict, n: int) -> list[int]:
+    """Utterance index of the canonical espeak rendition of each sentence 0..n-1 of a build-data split."""
     from .data import CANONICAL
 
     out = {}
     for u in range(len(split["sentence"])):
         s = int(split["sentence"][u])
         if s < n and (int(split["speed"][u]), int(split["pitch"][u])) == CANONICAL:
-            out[s] = int(split["offsets"][u + 1] - split["offsets"][u])
+            out[s] = u
     return [out[s] for s in range(n)]
+
+
+def canonical_frames(split: dict, n: int) -> list[int]:
+    """Frames of the canonical espeak rendition of sentences 0..n-1 of a build-data split (the length reference)."""
+    return [int(split["offsets"][u + 1] - split["offsets"][u]) for u in canonical_utterances(split, n)]
 
 
 def score_model(texts: list[str], synth, opts, ref_frames: list[int], workers: int = 2) -> tuple[WerResult, dict]:
@@ -206,7 +211,6 @@ def teacher_forced_codes(loaded, split: dict, n: int, params=None) -> list[torch
     over those frames. Scoring them isolates the predictor's share of the WER gap from the talker's."""
     from leapvox.engine.predictor_loop import PredictorLoop
 
-    from .data import CANONICAL
     from .train import Example, make_batch
 
     tts, cfg, tok = loaded.tts, loaded.config, loaded.tokenizer
@@ -214,11 +218,8 @@ def teacher_forced_codes(loaded, split: dict, n: int, params=None) -> list[torch
     role = tok("<|im_start|>assistant\n")
     params = params or loaded.defaults.predictor
     loop = PredictorLoop(tts.talker.code_predictor)
-    out: dict[int, torch.Tensor] = {}
-    for u in range(len(split["sentence"])):
-        s = int(split["sentence"][u])
-        if s >= n or (int(split["speed"][u]), int(split["pitch"][u])) != CANONICAL:
-            continue
+    out = []
+    for s, u in enumerate(canonical_utterances(split, n)):
         codes = split["codes"][split["offsets"][u] : split["offsets"][u + 1]].long()
         x, _, starts, _ = make_batch(tts, cfg, [Example(role, tok(split["phonemes"][s]), codes)])
         h = tts.talker.model.forward_train(x, 0.0)  # [1, S, H]; row L-1+k produced code 0 of frame k
@@ -226,8 +227,8 @@ def teacher_forced_codes(loaded, split: dict, n: int, params=None) -> list[torch
         for k in range(len(codes)):
             c0 = codes[k : k + 1, :1]  # [1, 1]
             rows.append(torch.cat([c0, loop(h[:, L - 1 + k][:, None], tts.talker.embed_codec(c0), params, g)], 1))
-        out[s] = torch.cat(rows)
-    return [out[s] for s in range(n)]
+        out.append(torch.cat(rows))
+    return out
 
 
 def score_codes(texts: list[str], codes: list[torch.Tensor], codec, workers: int = 2) -> WerResult:

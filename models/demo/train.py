@@ -26,7 +26,7 @@ from leapvox.engine.talker import TTSModel
 from .tokenizer_files import write_tokenizer
 
 SPEAKER, LANGUAGE = "leap", "english"
-SIZES = {"small": 256, "base": 192, "tiny": 64}  # hidden width; 4 talker layers, 2 code-predictor layers
+SIZES = {"small": 256, "base": 192, "tiny": 64}  # hidden width; 4 talker layers, 2 code-predictor layers by default
 
 
 def demo_config(text_vocab_size: int, special_ids: dict[str, int], assistant_id: int, size: str = "small",
