@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 from leapvox.engine.modes import MODES
+from leapvox.models.demo.sizes import SIZES
 
 
 def add_commands(sub) -> None:
@@ -30,6 +31,9 @@ def add_commands(sub) -> None:
     p.add_argument("--limit", type=int, help="keep only this many train sentences (quick trials)")
     p.add_argument("--workers", type=int, default=2, help="processes (default 2)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--extra", action="store_true",
+                   help="add extra.pt to an already built --out: the sentences a looser filter admits (3-30 words, "
+                        "any word), none equal to a train or test sentence, encoded with its codec")
     p.set_defaults(func=cmd_build_data)
 
     p = dsub.add_parser("wer", help="pocketsphinx WER on the test split: raw espeak, codec resynthesis, models")
@@ -56,16 +60,23 @@ def add_commands(sub) -> None:
     p.add_argument("--steps", type=int, default=20000, help="total optimizer steps (default 20000)")
     p.add_argument("--batch", type=int, default=16)
     p.add_argument("--save-every", type=int, default=500, help="checkpoint + export every N steps")
-    p.add_argument("--size", choices=["small", "base", "tiny"], default="small")
+    p.add_argument("--size", choices=list(SIZES), default="small",
+                   help="model size: " + "; ".join(f"{k} = talker {v['hidden']}x{v['layers']}, predictor "
+                                                    f"{v['cp_hidden']}x{v['cp_layers']}" for k, v in SIZES.items())
+                   + " (default small)")
+    p.add_argument("--minutes", type=float,
+                   help="wall-time budget: the schedule follows the elapsed share of it and the run stops, saves and "
+                        "exports when it is used up (or at --steps, whichever comes first)")
+    p.add_argument("--no-extra", action="store_true", help="ignore DATA/extra.pt (build-data --extra)")
     p.add_argument("--threads", type=int, help="torch threads (default: torch's choice)")
     p.add_argument("--device", help="cpu, cuda, cuda:1 ... (default: CUDA when present, else CPU)")
     p.add_argument("--part", choices=["all", "predictor"], default="all",
                    help="what learns: the whole model (default), or only the code predictor (its embedding tables, "
                         "which the talker also reads, included) with the talker's own weights frozen")
     p.add_argument("--init", type=Path, help="start from this run's state.pt weights (fresh optimizer, step 0)")
-    p.add_argument("--predictor-layers", type=int, default=2,
-                   help="code predictor depth (default 2); more than --init's run adds layers that start as "
-                        "identities")
+    p.add_argument("--predictor-layers", type=int,
+                   help="code predictor depth (default: the size's); more than --init's run adds layers that start "
+                        "as identities")
     p.add_argument("--lr", type=float, default=1e-3, help="peak learning rate (default 1e-3)")
     p.add_argument("--dropout", type=float, default=0.1, help="residual-branch dropout (default 0.1)")
     p.add_argument("--cp-fraction", type=float,
@@ -84,7 +95,7 @@ def cmd_train(args) -> int:
     out = train(str(args.data), str(args.out), steps=args.steps, batch=args.batch, save_every=args.save_every,
                 size=args.size, threads=args.threads, device=args.device, lr=args.lr, dropout=args.dropout,
                 cp_fraction=cp_fraction, part=args.part, init=str(args.init) if args.init else None,
-                predictor_layers=args.predictor_layers,
+                predictor_layers=args.predictor_layers, minutes=args.minutes, extra=not args.no_extra,
                 log=lambda m: print(m, file=sys.stderr, flush=True))
     print(out)
     return 0
@@ -101,6 +112,14 @@ def cmd_build_data(args) -> int:
     if not 1 <= args.variants <= 9:
         print("leapvox: --variants must be 1..9", file=sys.stderr)
         return 2
+    if args.extra:
+        from leapvox.models.demo.data import build_extra
+
+        if not (args.out / "train.pt").is_file():
+            print(f"leapvox: no train.pt in {args.out} (hint: build the data first, without --extra)", file=sys.stderr)
+            return 2
+        print(json.dumps(build_extra(args.out, variants=args.variants, workers=args.workers, seed=args.seed), indent=2))
+        return 0
     manifest = build_data(args.out, test_size=args.test_size, variants=args.variants,
                           fit_sentences=args.fit_sentences, workers=args.workers, seed=args.seed, limit=args.limit)
     print(json.dumps({"out": str(args.out), "split": manifest["split"], "timings": manifest["timings"]}, indent=2))

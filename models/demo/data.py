@@ -68,7 +68,19 @@ def sentence_ok(s: str, vocab: set[str] | None) -> bool:
     )
 
 
-def read_corpus(folder: Path = FORTUNES_DIR, vocab: set[str] | None = None) -> tuple[list[tuple[str, str]], int]:
+def extra_sentence_ok(s: str, vocab: set[str] | None = None) -> bool:
+    """The looser rule of the extra training sentences: 3-30 words, any word (espeak pronounces names and rare
+    words too; only the test split needs pocketsphinx's dictionary), otherwise as `sentence_ok`."""
+    n = len(s.split())
+    return (
+        3 <= n <= 30 and s[0].isupper() and s[-1] in ".!?" and ALLOWED.fullmatch(s) is not None
+        and "--" not in s and ".." not in s and s.count('"') % 2 == 0 and not ABBREVIATION.search(s)
+        and not any(len(w) > 1 and w.isupper() for w in re.findall(r"[A-Za-z]+", s))
+    )
+
+
+def read_corpus(folder: Path = FORTUNES_DIR, vocab: set[str] | None = None,
+                rule=sentence_ok) -> tuple[list[tuple[str, str]], int]:
     """All filtered, de-duplicated sentences as (sentence, fortune file), plus the number of raw candidates."""
     seen, kept, candidates = set(), [], 0
     for path in sorted(p for p in folder.iterdir() if p.is_file() and "." not in p.name):
@@ -80,7 +92,7 @@ def read_corpus(folder: Path = FORTUNES_DIR, vocab: set[str] | None = None) -> t
             for s in re.split(r"(?<=[.!?])\s+", flat):
                 candidates += 1
                 key = " ".join(words_of(s))
-                if s and key not in seen and sentence_ok(s, vocab):
+                if s and key not in seen and rule(s, vocab):
                     seen.add(key)
                     kept.append((s, path.name))
     return kept, candidates
@@ -225,11 +237,47 @@ def build_data(out_dir: str | Path, fortunes_dir: str | Path = FORTUNES_DIR, tes
     return manifest
 
 
+def build_extra(data_dir: str | Path, fortunes_dir: str | Path = FORTUNES_DIR, variants: int = 3, workers: int = 2,
+                seed: int = 0) -> dict:
+    """Add `extra.pt` (train.pt's layout) to a built dataset: the fortunes sentences that only the looser
+    `extra_sentence_ok` admits, encoded with the dataset's own codec. A sentence whose words equal a train or test
+    sentence's, or contain a test sentence's, is left out, so the test split stays unseen. Returns the counts,
+    also recorded in manifest.json under "extra"."""
+    data, t = Path(data_dir), time.perf_counter()
+    known = {}
+    for name in ("train", "test"):
+        known[name] = {" ".join(words_of(x)) for x in torch.load(data / f"{name}.pt", weights_only=False)["text"]}
+    tests = sorted(known["test"])
+    sentences, candidates = read_corpus(Path(fortunes_dir), None, extra_sentence_ok)
+    items = []
+    for s, src in sentences:
+        key = " ".join(words_of(s))
+        if key in known["train"] or key in known["test"] or any(f" {k} " in f" {key} " for k in tests):
+            continue
+        items.append((s, src))
+    log(f"extra: {len(items)} new sentences of {len(sentences)} under the looser rule")
+    split = encode_split(items, variants, seed, workers, str(data / "speech_tokenizer"), "extra")
+    aligned = split.pop("_aligned")
+    tmp = data / "extra.pt.part"
+    torch.save(split, tmp)
+    tmp.replace(data / "extra.pt")
+    counts = {"sentences": len(items), "utterances": len(split["speed"]), "frames": split["codes"].shape[0],
+              "hours": round(split["num_samples"].sum().item() / 24000 / 3600, 2), "phonemes_aligned": aligned,
+              "rule": "3-30 words, any word, otherwise the main filter; no sentence equal to a train or test "
+                      "sentence or containing a test sentence", "seconds": round(time.perf_counter() - t, 1)}
+    manifest_path = data / "manifest.json"
+    if manifest_path.is_file():
+        manifest = json.loads(manifest_path.read_text())
+        manifest["extra"] = counts
+        manifest_path.write_text(json.dumps(manifest, indent=2) + "\n")
+    return counts
+
+
 def encode_split(items: list, variants: int, seed: int, workers: int, codec_dir: str, name: str) -> dict:
     """Render every sentence `variants` times and encode it; rows are utterances, codes are concatenated."""
     jobs, sentence, speed, pitch = [], [], [], []
     for i, (text, _) in enumerate(items):
-        for s, p in variants_for(i if name == "train" else 10_000_000 + i, variants, seed):
+        for s, p in variants_for({"train": 0, "test": 10_000_000, "extra": 20_000_000}[name] + i, variants, seed):
             jobs.append((text, s, p))
             sentence.append(i)
             speed.append(s)

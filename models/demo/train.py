@@ -23,26 +23,29 @@ import torch.nn.functional as F
 from leapvox.engine.config import TTSConfig
 from leapvox.engine.talker import TTSModel
 
+from .sizes import SIZES
 from .tokenizer_files import write_tokenizer
 
 SPEAKER, LANGUAGE = "leap", "english"
-SIZES = {"small": 256, "base": 192, "tiny": 64}  # hidden width; 4 talker layers, 2 code-predictor layers by default
+def _layer(h: int, heads: int) -> dict:
+    return dict(hidden_size=h, intermediate_size=3 * h, num_attention_heads=heads, num_key_value_heads=heads // 2,
+                head_dim=h // heads, rms_norm_eps=1e-6, rope_theta=10000.0, max_position_embeddings=4096)
 
 
 def demo_config(text_vocab_size: int, special_ids: dict[str, int], assistant_id: int, size: str = "small",
-                predictor_layers: int = 2) -> dict:
-    """config.json for the demo model: code 0 in 0..1023, control ids in the suppressed range 1024..2047."""
-    h = SIZES[size]
-    layer = dict(
-        hidden_size=h, intermediate_size=3 * h, num_attention_heads=4, num_key_value_heads=2, head_dim=h // 4,
-        rms_norm_eps=1e-6, rope_theta=10000.0, max_position_embeddings=4096,
-    )
+                predictor_layers: int | None = None) -> dict:
+    """config.json for the demo model: code 0 in 0..1023, control ids in the suppressed range 1024..2047.
+    `predictor_layers` overrides the size's code-predictor depth."""
+    z = SIZES[size]
+    cp_layers = predictor_layers or z["cp_layers"]
     talker = dict(
-        layer, num_hidden_layers=4, vocab_size=2048, text_vocab_size=text_vocab_size, text_hidden_size=h,
+        _layer(z["hidden"], z["heads"]), num_hidden_layers=z["layers"], vocab_size=2048,
+        text_vocab_size=text_vocab_size, text_hidden_size=z["hidden"],
         num_code_groups=16, codec_pad_id=1100, codec_bos_id=1101, codec_eos_token_id=1102, codec_think_id=1103,
         codec_nothink_id=1104, codec_think_bos_id=1105, codec_think_eos_id=1106,
         codec_language_id={LANGUAGE: 1110}, spk_id={SPEAKER: 1200}, spk_is_dialect={SPEAKER: False},
-        code_predictor_config=dict(layer, num_hidden_layers=predictor_layers, vocab_size=256, num_code_groups=16),
+        code_predictor_config=dict(_layer(z["cp_hidden"], max(4, z["cp_hidden"] // 64)), num_hidden_layers=cp_layers,
+                                   vocab_size=256, num_code_groups=16),
     )
     return {
         "model_type": "qwen3_tts", "tts_model_type": "custom_voice", "tts_model_size": "demo",
@@ -144,7 +147,9 @@ def loss_on(model: TTSModel, cfg: TTSConfig, batch: list[Example], dropout: floa
     return l0, F.cross_entropy(cp_logits.flatten(0, 1), codes[:, 1:].flatten())
 
 
-def load_examples(data_dir: Path, split: str, tokenize, max_frames: int = 200) -> list[Example]:
+def load_examples(data_dir: Path, split: str, tokenize, max_frames: int = 200,
+                  sentences: range | None = None) -> list[Example]:
+    """The utterances of `split`.pt (only those of the sentence indices in `sentences` when given)."""
     from .data import EXCLUDED_SOURCES
 
     d = torch.load(data_dir / f"{split}.pt", weights_only=False)
@@ -152,6 +157,8 @@ def load_examples(data_dir: Path, split: str, tokenize, max_frames: int = 200) -
     out = []
     for u in range(len(d["sentence"])):
         s = int(d["sentence"][u])
+        if sentences is not None and s not in sentences:
+            continue
         codes = d["codes"][d["offsets"][u] : d["offsets"][u + 1]].long()
         if not d["phonemes"][s] or len(codes) > max_frames or d["source"][s] in EXCLUDED_SOURCES:
             continue
@@ -177,44 +184,67 @@ def load_grown(model: TTSModel, state: dict) -> int:
     return len(new_layers)
 
 
-def lr_factor(step: int, steps: int, warmup: int = 150, floor: float = 0.1) -> float:
-    """Linear warm-up, then cosine decay to `floor` of the peak at the last step."""
+def lr_factor(step: int, steps: int, warmup: int = 150, floor: float = 0.1, progress: float | None = None) -> float:
+    """Linear warm-up over `warmup` steps, then cosine decay to `floor` of the peak at the last step (or at
+    `progress` = 1 when the schedule runs on a time budget)."""
     if step < warmup:
         return (step + 1) / warmup
-    t = min(1.0, (step - warmup) / max(1, steps - warmup))
+    t = min(1.0, (step - warmup) / max(1, steps - warmup) if progress is None else progress)
     return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * t))
 
 
-def curriculum_cap(step: int) -> int:
-    """Longest utterance (frames) a batch may hold: short sentences first, where alignment is easiest to find."""
-    return 60 if step < 800 else 110 if step < 2000 else 10_000
+def curriculum_cap(step: int, batch: int = 16) -> int:
+    """Longest utterance (frames) a batch may hold: short sentences first, where alignment is easiest to find.
+    The thresholds count utterances seen, in steps of 16 (the CPU recipe's batch)."""
+    seen = step * batch // 16
+    return 60 if seen < 800 else 110 if seen < 2000 else 10_000
 
 
 def export(model: TTSModel, cfg_dict: dict, tok_dir: Path, codec_dir: Path, out: Path, meta: dict) -> Path:
-    """Write the official folder layout (weights in bf16 like the real checkpoints)."""
+    """Write the official folder layout (weights in bf16 like the real checkpoints). The folder is written beside
+    `out` and swapped in whole, so an interrupted export never leaves a half-written model."""
     from safetensors.torch import save_file
 
-    out.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(out.name + ".part")
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir(parents=True)
     state = {k: v.detach().to("cpu", torch.bfloat16).contiguous() for k, v in model.state_dict().items()}
-    save_file(state, str(out / "model.safetensors"), metadata={k: str(v) for k, v in meta.items()})
-    (out / "config.json").write_text(json.dumps(cfg_dict, indent=1))
+    save_file(state, str(tmp / "model.safetensors"), metadata={k: str(v) for k, v in meta.items()})
+    (tmp / "config.json").write_text(json.dumps(cfg_dict, indent=1))
     gen = {"do_sample": True, "temperature": 0.8, "top_k": 50, "top_p": 1.0, "repetition_penalty": 1.05,
            "subtalker_dosample": True, "subtalker_temperature": 0.8, "subtalker_top_k": 50, "subtalker_top_p": 1.0,
            "max_new_tokens": 2048}
-    (out / "generation_config.json").write_text(json.dumps(gen, indent=2))
+    (tmp / "generation_config.json").write_text(json.dumps(gen, indent=2))
     for f in ("vocab.json", "merges.txt", "tokenizer_config.json"):
-        shutil.copy(tok_dir / f, out / f)
-    if (out / "speech_tokenizer").exists():
-        shutil.rmtree(out / "speech_tokenizer")
-    shutil.copytree(codec_dir, out / "speech_tokenizer")
+        shutil.copy(tok_dir / f, tmp / f)
+    shutil.copytree(codec_dir, tmp / "speech_tokenizer")
+    old = out.with_name(out.name + ".old")
+    if out.exists():
+        out.rename(old)
+    tmp.rename(out)
+    if old.exists():
+        shutil.rmtree(old)
     return out
+
+
+HELD_OUT_SENTENCES = range(400, 500)  # test sentences for the held-out loss; WER reports use the first 100-300
 
 
 def train(data_dir: str, out_dir: str, steps: int = 20000, batch: int = 16, lr: float = 1e-3,
           dropout: float = 0.1, cp_fraction: float = 0.25, save_every: int = 500, seed: int = 0,
           threads: int | None = None, size: str = "small", device: str | None = None, log=print,
-          part: str = "all", init: str | None = None, predictor_layers: int = 2) -> Path:
+          part: str = "all", init: str | None = None, predictor_layers: int | None = None,
+          minutes: float | None = None, extra: bool = True) -> Path:
     """Train (or resume) the demo model on `device` (default: CUDA when present, else CPU); returns the export.
+
+    Data: `train.pt`, plus `extra.pt` (build-data --extra) when present and `extra`. The held-out loss is
+    measured on the test split's sentences 400-499 (all renditions), never on the sentences WER is reported on
+    (a test split that small falls back to its first 64 utterances);
+    `out/best/` keeps the export with the lowest held-out loss (code 0 + codes 1..15), `out/export/` the latest.
+    On CUDA the forward pass runs under bf16 autocast. `minutes` caps the run's wall time: the cosine schedule
+    then follows the elapsed share of it (or of `steps`, whichever is further along), and the run stops, saves
+    and exports when either is used up.
 
     `part="predictor"` is a second stage: the talker's own weights are frozen (no dropout, no gradients) and only
     the code predictor learns, from the code-1..15 loss on `cp_fraction` of the frames. The predictor's code
@@ -232,16 +262,18 @@ def train(data_dir: str, out_dir: str, steps: int = 20000, batch: int = 16, lr: 
     data, out = Path(data_dir), Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     tok_dir = out / "tokenizer"
-    train_pt = torch.load(data / "train.pt", weights_only=False)
-    ids = write_tokenizer(tok_dir, train_pt["phonemes"])
+    splits = ["train"] + (["extra"] if extra and (data / "extra.pt").is_file() else [])
+    phonemes = [p for name in splits for p in torch.load(data / f"{name}.pt", weights_only=False)["phonemes"]]
+    ids = write_tokenizer(tok_dir, phonemes)
     tokenizer = TextTokenizer(tok_dir)
     cfg_dict = demo_config(ids["vocab_size"], ids["special"], ids["assistant"], size, predictor_layers)
     cfg = TTSConfig.from_dict(cfg_dict)
     torch.manual_seed(seed)
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     model = TTSModel(cfg.talker).to(device)
-    examples = load_examples(data, "train", tokenizer)
-    held_out = load_examples(data, "test", tokenizer)[:64]
+    examples = [e for name in splits for e in load_examples(data, name, tokenizer)]
+    held_out = (load_examples(data, "test", tokenizer, sentences=HELD_OUT_SENTENCES)
+                or load_examples(data, "test", tokenizer)[:64])  # a small test split (trials): its first utterances
     frozen = part == "predictor"
     if frozen:
         for p in model.parameters():
@@ -250,7 +282,7 @@ def train(data_dir: str, out_dir: str, steps: int = 20000, batch: int = 16, lr: 
             p.requires_grad_(True)
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr, betas=(0.9, 0.98),
                             weight_decay=0.01)
-    step, state = 0, out / "state.pt"
+    step, best, elapsed, state = 0, math.inf, 0.0, out / "state.pt"
     if init and not state.is_file():
         grown = load_grown(model, torch.load(init, weights_only=False, map_location=device)["model"])
         log(f"initialised from {init}" + (f" ({grown} new predictor layers start as identities)" if grown else ""))
@@ -258,7 +290,7 @@ def train(data_dir: str, out_dir: str, steps: int = 20000, batch: int = 16, lr: 
         s = torch.load(state, weights_only=False, map_location=device)
         model.load_state_dict(s["model"])
         opt.load_state_dict(s["opt"])
-        step = s["step"]
+        step, best, elapsed = s["step"], s.get("best", math.inf), s.get("elapsed", 0.0)
         log(f"resumed at step {step}")
     rng = random.Random(seed + step)
     examples.sort(key=lambda e: len(e.codes) + len(e.body))
@@ -266,33 +298,45 @@ def train(data_dir: str, out_dir: str, steps: int = 20000, batch: int = 16, lr: 
     longest = [max(len(e.codes) for e in b) for b in buckets]
     n_params = sum(p.numel() for p in model.parameters())
     trained = sum(p.numel() for p in model.parameters() if p.requires_grad)
-    log(f"{len(examples)} training utterances, {len(held_out)} held-out, {n_params:,} params "
+    log(f"{len(examples)} training utterances ({' + '.join(splits)}), {len(held_out)} held-out, {n_params:,} params "
         f"({trained:,} trained), on {device}")
-    t0 = time.time()
-    while step < steps:
+    autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda")
+    budget = minutes * 60 if minutes else None
+    t_start, t0 = time.time() - elapsed, time.time()
+
+    def progress() -> float:
+        return max(step / steps, (time.time() - t_start) / budget if budget else 0.0)
+
+    while progress() < 1:
         model.train()
         for g in opt.param_groups:
-            g["lr"] = lr * lr_factor(step, steps)
-        cap = curriculum_cap(step)
+            g["lr"] = lr * lr_factor(step, steps, progress=progress() if budget else None)
+        cap = curriculum_cap(step, batch)
         allowed = [b for b, n in zip(buckets, longest, strict=True) if n <= cap] or buckets
-        l0, lcp = loss_on(model, cfg, rng.choice(allowed), dropout, cp_fraction, rng, frozen)
+        with autocast:
+            l0, lcp = loss_on(model, cfg, rng.choice(allowed), dropout, cp_fraction, rng, frozen)
         opt.zero_grad()
         (lcp if frozen else l0 + lcp).backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         step += 1
         if step % 50 == 0:
-            log(f"step {step}  l0 {l0.item():.3f}  lcp {lcp.item():.3f}  {(time.time() - t0) / 50:.2f} s/step")
+            log(f"step {step}  l0 {l0.item():.3f}  lcp {lcp.item():.3f}  {(time.time() - t0) / 50:.3f} s/step")
             t0 = time.time()
-        if step % save_every == 0 or step == steps:
+        done = progress() >= 1
+        if step % save_every == 0 or done:
             model.eval()
-            with torch.no_grad():
-                v0, vcp = loss_on(model, cfg, held_out, 0.0, 1.0, random.Random(0))
-            log(f"step {step}  held-out l0 {v0.item():.3f}  lcp {vcp.item():.3f}")
+            with torch.no_grad(), autocast:
+                v0, vcp = (v.item() for v in loss_on(model, cfg, held_out, 0.0, 1.0, random.Random(0)))
+            meta = {"step": step, "held_out_l0": round(v0, 4), "held_out_lcp": round(vcp, 4)}
+            improved = v0 + vcp < best
+            best = min(best, v0 + vcp)
+            log(f"step {step}  held-out l0 {v0:.3f}  lcp {vcp:.3f}" + ("  (best)" if improved else ""))
             tmp = state.with_suffix(".part")
-            torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": step}, tmp)
+            torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": step, "best": best,
+                        "elapsed": time.time() - t_start}, tmp)
             tmp.replace(state)
-            export(model, cfg_dict, tok_dir, data / "speech_tokenizer", out / "export",
-                   {"step": step, "held_out_l0": round(v0.item(), 4), "held_out_lcp": round(vcp.item(), 4)})
+            export(model, cfg_dict, tok_dir, data / "speech_tokenizer", out / "export", meta)
+            if improved:
+                export(model, cfg_dict, tok_dir, data / "speech_tokenizer", out / "best", meta)
     return out / "export"
-
