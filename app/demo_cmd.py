@@ -73,7 +73,9 @@ def add_commands(sub) -> None:
     p.add_argument("--part", choices=["all", "predictor"], default="all",
                    help="what learns: the whole model (default), or only the code predictor (its embedding tables, "
                         "which the talker also reads, included) with the talker's own weights frozen")
-    p.add_argument("--init", type=Path, help="start from this run's state.pt weights (fresh optimizer, step 0)")
+    p.add_argument("--init", type=Path,
+                   help="start from this run's state.pt weights, or a model folder such as models/assets/demo "
+                        "(its config and tokenizer too; fresh optimizer, step 0)")
     p.add_argument("--predictor-layers", type=int,
                    help="code predictor depth (default: the size's); more than --init's run adds layers that start "
                         "as identities")
@@ -88,8 +90,9 @@ def add_commands(sub) -> None:
 def cmd_train(args) -> int:
     from leapvox.models.demo.train import train
 
-    if args.init and not args.init.is_file():
-        print(f"leapvox: no checkpoint at {args.init} (hint: point --init at another run's state.pt)", file=sys.stderr)
+    if args.init and not (args.init.is_file() or (args.init / "model.safetensors").is_file()):
+        print(f"leapvox: no checkpoint at {args.init} (hint: point --init at another run's state.pt or a model "
+              "folder)", file=sys.stderr)
         return 2
     cp_fraction = args.cp_fraction if args.cp_fraction is not None else (1.0 if args.part == "predictor" else 0.25)
     out = train(str(args.data), str(args.out), steps=args.steps, batch=args.batch, save_every=args.save_every,

@@ -250,7 +250,8 @@ def train(data_dir: str, out_dir: str, steps: int = 20000, batch: int = 16, lr: 
     the code predictor learns, from the code-1..15 loss on `cp_fraction` of the frames. The predictor's code
     embedding tables learn too, and the talker reads them for codes 1..15 of past frames, so its code-0 loss can
     still move a little (reported at every checkpoint). `init` starts a fresh run (step 0,
-    new optimizer) from another run's state.pt weights; an existing out/state.pt still takes precedence (resume).
+    new optimizer) from another run's state.pt weights, or from a model folder (an export, or the bundled demo
+    model), whose config and tokenizer it then keeps; an existing out/state.pt still takes precedence (resume).
     With more `predictor_layers` than the `init` run had, the extra predictor layers start as identities (their
     output projections zero), so the grown model begins exactly where the smaller one stopped."""
     if part not in ("all", "predictor"):
@@ -263,10 +264,20 @@ def train(data_dir: str, out_dir: str, steps: int = 20000, batch: int = 16, lr: 
     out.mkdir(parents=True, exist_ok=True)
     tok_dir = out / "tokenizer"
     splits = ["train"] + (["extra"] if extra and (data / "extra.pt").is_file() else [])
-    phonemes = [p for name in splits for p in torch.load(data / f"{name}.pt", weights_only=False)["phonemes"]]
-    ids = write_tokenizer(tok_dir, phonemes)
+    init_dir = Path(init) if init and Path(init).is_dir() else None
+    if init_dir:  # a model folder: its tokenizer and config (a symbol it lacks falls back to byte tokens)
+        tok_dir.mkdir(exist_ok=True)
+        for f in ("vocab.json", "merges.txt", "tokenizer_config.json"):
+            shutil.copy(init_dir / f, tok_dir / f)
+        cfg_dict = json.loads((init_dir / "config.json").read_text())
+        if predictor_layers:
+            cfg_dict["talker_config"]["code_predictor_config"]["num_hidden_layers"] = predictor_layers
+        log(f"config and tokenizer from {init_dir} (--size ignored)")
+    else:
+        phonemes = [p for name in splits for p in torch.load(data / f"{name}.pt", weights_only=False)["phonemes"]]
+        ids = write_tokenizer(tok_dir, phonemes)
+        cfg_dict = demo_config(ids["vocab_size"], ids["special"], ids["assistant"], size, predictor_layers)
     tokenizer = TextTokenizer(tok_dir)
-    cfg_dict = demo_config(ids["vocab_size"], ids["special"], ids["assistant"], size, predictor_layers)
     cfg = TTSConfig.from_dict(cfg_dict)
     torch.manual_seed(seed)
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
@@ -284,7 +295,13 @@ def train(data_dir: str, out_dir: str, steps: int = 20000, batch: int = 16, lr: 
                             weight_decay=0.01)
     step, best, elapsed, state = 0, math.inf, 0.0, out / "state.pt"
     if init and not state.is_file():
-        grown = load_grown(model, torch.load(init, weights_only=False, map_location=device)["model"])
+        if init_dir:
+            from safetensors.torch import load_file
+
+            weights = {k: v.float() for k, v in load_file(str(init_dir / "model.safetensors"), str(device)).items()}
+        else:
+            weights = torch.load(init, weights_only=False, map_location=device)["model"]
+        grown = load_grown(model, weights)
         log(f"initialised from {init}" + (f" ({grown} new predictor layers start as identities)" if grown else ""))
     if state.is_file():
         s = torch.load(state, weights_only=False, map_location=device)

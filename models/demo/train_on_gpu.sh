@@ -8,7 +8,8 @@
 # tokenizer files, no speech_tokenizer/) as a tar cut into pieces of at most 15 MB: RUN.tar.00, RUN.tar.01, ...
 # (reassemble with `cat RUN.tar.* | tar -x`). RUN: name:size:batch:lr:dropout (default: two runs, below).
 # Needs torch with CUDA, safetensors, transformers; leapvox is imported from this checkout (no install).
-# DEVICE=cpu runs the same on the CPU (a dry run of the script).
+# DEVICE=cpu runs the same on the CPU (a dry run of the script); INIT=FOLDER starts every run from that model
+# folder (e.g. models/assets/demo: its config and tokenizer too, so the size field is then ignored).
 set -euo pipefail
 pack=$1 out=$2 minutes=$3
 shift 3
@@ -45,7 +46,7 @@ for r in "${runs[@]}"; do
   IFS=: read -r name size batch lr dropout <<<"$r"
   python3 -m leapvox.app.cli demo train --data "$work/data" --out "$work/$name" --size "$size" --batch "$batch" \
     --lr "$lr" --dropout "$dropout" --cp-fraction 1.0 --steps 1000000 --minutes "$minutes" --save-every 400 \
-    --threads 4 --device "$device" >"$out/$name.log" 2>&1 &
+    --threads 4 --device "$device" ${INIT:+--init "$INIT"} >"$out/$name.log" 2>&1 &
   pids+=($!)
 done
 status=0
