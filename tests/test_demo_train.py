@@ -99,3 +99,79 @@ def test_teacher_forced_codes_keep_code_0_and_sample_the_rest():
     assert all(int(c[:, 1:].max()) < 256 and int(c[:, 1:].min()) >= 0 for c in out)
     again = teacher_forced_codes(m, split, 2)
     assert all(torch.equal(a, b) for a, b in zip(out, again, strict=True))
+
+
+def test_time_budget_stops_and_keeps_the_best_export_and_extra_data_is_read(tmp_path):
+    data = tmp_path / "data"
+    data.mkdir()
+    fake_data(data)
+    torch.save(torch.load(data / "train.pt", weights_only=False), data / "extra.pt")  # a second split, same layout
+    logs = []
+    run = tmp_path / "run"
+    train(str(data), str(run), steps=100_000, batch=4, save_every=100_000, size="tiny", threads=1, minutes=0.02,
+          log=logs.append)
+    assert 1 <= torch.load(run / "state.pt", weights_only=False)["step"] < 100_000  # the 1.2 s budget ended it
+    assert any("24 training utterances (train + extra)" in m for m in logs)
+    assert (run / "best" / "model.safetensors").is_file() and (run / "export" / "model.safetensors").is_file()
+    assert not list(run.glob("*.part")) and not list(run.glob("*.old"))
+    logs.clear()
+    train(str(data), str(tmp_path / "no-extra"), steps=1, batch=4, save_every=1, size="tiny", threads=1,
+          extra=False, log=logs.append)
+    assert any("12 training utterances (train)," in m for m in logs)
+
+
+def test_init_from_a_model_folder_keeps_its_config_tokenizer_and_weights(tmp_path):
+    """Fine-tuning the bundled demo model: its config and tokenizer carry over, and with lr 0 the weights stay
+    the folder's (bf16 -> fp32) exactly."""
+    from safetensors.torch import load_file
+
+    data = tmp_path / "data"
+    data.mkdir()
+    fake_data(data)
+    run = tmp_path / "ft"
+    export = train(str(data), str(run), steps=1, batch=4, save_every=1, lr=0.0, threads=1, init=str(DEMO_DIR),
+                   log=lambda m: None)
+    for f in ("config.json", "vocab.json", "merges.txt"):
+        assert (export / f).read_text() == (DEMO_DIR / f).read_text()
+    shipped = load_file(str(DEMO_DIR / "model.safetensors"))
+    after = weights(run / "state.pt")
+    assert shipped.keys() == after.keys()
+    assert all(torch.equal(shipped[k].float(), after[k]) for k in shipped)
+
+
+def test_pack_round_trip(tmp_path):
+    from leapvox.models.demo.pack import pack, unpack
+
+    data = tmp_path / "data"
+    data.mkdir()
+    fake_data(data)
+    with_codec, without = tmp_path / "a.pack", tmp_path / "b.pack"
+    pack(data, with_codec)
+    pack(data, without, codec=False)
+    assert without.stat().st_size < with_codec.stat().st_size
+    for src, codec_dir in ((with_codec, None), (without, DEMO_DIR / "speech_tokenizer")):
+        out = tmp_path / f"out-{src.stem}"
+        assert unpack(src, out, codec_dir) == ["train", "test"]
+        for name in ("train", "test"):
+            a = torch.load(data / f"{name}.pt", weights_only=False)
+            b = torch.load(out / f"{name}.pt", weights_only=False)
+            assert a.keys() == b.keys()
+            assert all(torch.equal(a[k], b[k]) if torch.is_tensor(a[k]) else a[k] == b[k] for k in a)
+        for f in (data / "speech_tokenizer").iterdir():
+            assert (out / "speech_tokenizer" / f.name).read_bytes() == f.read_bytes()
+
+
+def test_extra_sentences_rule_and_dedup():
+    from leapvox.models.demo.data import extra_sentence_ok, new_sentences
+
+    assert extra_sentence_ok("Go away now.")  # 3 words: too short for the main rule, fine here
+    assert extra_sentence_ok("Gwyneth visits Llanfair.")  # words outside the ASR dictionary are fine for training
+    assert not extra_sentence_ok("Call 911 now.") and not extra_sentence_ok("Stop the NASA budget.")
+    assert not extra_sentence_ok("Two words.")
+    found = new_sentences(
+        [("The cat sat.", "a"), ("the CAT, sat!", "b"), ("He said the dog ran home today.", "c"),
+         ("A bird sang.", "d"), ("Mice ran.", "e")],
+        train=["A bird sang."], test=["The dog ran home."])
+    # equal to a train sentence, containing a test sentence: out; punctuation and case do not separate duplicates
+    # of each other here (that is read_corpus's job), only of train and test
+    assert found == [("The cat sat.", "a"), ("the CAT, sat!", "b"), ("Mice ran.", "e")]

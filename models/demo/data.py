@@ -237,6 +237,16 @@ def build_data(out_dir: str | Path, fortunes_dir: str | Path = FORTUNES_DIR, tes
     return manifest
 
 
+def new_sentences(sentences: list[tuple[str, str]], train: list[str], test: list[str]) -> list[tuple[str, str]]:
+    """The (sentence, source) pairs whose words equal no train or test sentence's and contain no test sentence's
+    (compared as `words_of`, so case and punctuation do not matter)."""
+    def key(s: str) -> str:
+        return " ".join(words_of(s))
+
+    seen, tests = {key(x) for x in train + test}, [f" {key(x)} " for x in test]
+    return [(s, src) for s, src in sentences if key(s) not in seen and not any(k in f" {key(s)} " for k in tests)]
+
+
 def build_extra(data_dir: str | Path, fortunes_dir: str | Path = FORTUNES_DIR, variants: int = 3, workers: int = 2,
                 seed: int = 0) -> dict:
     """Add `extra.pt` (train.pt's layout) to a built dataset: the fortunes sentences that only the looser
@@ -244,17 +254,9 @@ def build_extra(data_dir: str | Path, fortunes_dir: str | Path = FORTUNES_DIR, v
     sentence's, or contain a test sentence's, is left out, so the test split stays unseen. Returns the counts,
     also recorded in manifest.json under "extra"."""
     data, t = Path(data_dir), time.perf_counter()
-    known = {}
-    for name in ("train", "test"):
-        known[name] = {" ".join(words_of(x)) for x in torch.load(data / f"{name}.pt", weights_only=False)["text"]}
-    tests = sorted(known["test"])
+    texts = {name: torch.load(data / f"{name}.pt", weights_only=False)["text"] for name in ("train", "test")}
     sentences, candidates = read_corpus(Path(fortunes_dir), None, extra_sentence_ok)
-    items = []
-    for s, src in sentences:
-        key = " ".join(words_of(s))
-        if key in known["train"] or key in known["test"] or any(f" {k} " in f" {key} " for k in tests):
-            continue
-        items.append((s, src))
+    items = new_sentences(sentences, texts["train"], texts["test"])
     log(f"extra: {len(items)} new sentences of {len(sentences)} under the looser rule")
     split = encode_split(items, variants, seed, workers, str(data / "speech_tokenizer"), "extra")
     aligned = split.pop("_aligned")
