@@ -186,10 +186,10 @@ def cmd_wer(args) -> int:
             opts = _sampling(replace(loaded.defaults, mode=mode, window=args.window or loaded.defaults.window), args)
             results[key], extra = quality.score_model(texts, synth, opts, ref_frames, args.workers)
             report[key] = dict(results[key].summary(), **extra)
-    first = next(iter(results), None)
-    for key in results:
-        if key != first:
-            report[f"{key} minus {first}"] = quality.paired_delta(results[first], results[key])
+    keys = list(results)
+    for i, a in enumerate(keys):  # every pair, paired over the same sentences
+        for b in keys[i + 1 :]:
+            report[f"{b} minus {a}"] = quality.paired_delta(results[a], results[b])
     print(json.dumps(report, indent=2))
     if args.out:
         full = dict(report, hypotheses={k: r.hyps for k, r in results.items()}, references=texts)

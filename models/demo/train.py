@@ -292,7 +292,7 @@ def train(data_dir: str, out_dir: str, steps: int = 20000, batch: int = 16, lr: 
         for p in model.talker.code_predictor.parameters():
             p.requires_grad_(True)
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr, betas=(0.9, 0.98),
-                            weight_decay=0.01)
+                            weight_decay=0.01, fused=device.type == "cuda")  # one kernel per step on a GPU
     step, best, elapsed, state = 0, math.inf, 0.0, out / "state.pt"
     if init and not state.is_file():
         if init_dir:
