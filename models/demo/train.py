@@ -27,6 +27,8 @@ from .sizes import SIZES
 from .tokenizer_files import write_tokenizer
 
 SPEAKER, LANGUAGE = "leap", "english"
+
+
 def _layer(h: int, heads: int) -> dict:
     return dict(hidden_size=h, intermediate_size=3 * h, num_attention_heads=heads, num_key_value_heads=heads // 2,
                 head_dim=h // heads, rms_norm_eps=1e-6, rope_theta=10000.0, max_position_embeddings=4096)
@@ -211,6 +213,7 @@ def export(model: TTSModel, cfg_dict: dict, tok_dir: Path, codec_dir: Path, out:
     tmp.mkdir(parents=True)
     state = {k: v.detach().to("cpu", torch.bfloat16).contiguous() for k, v in model.state_dict().items()}
     save_file(state, str(tmp / "model.safetensors"), metadata={k: str(v) for k, v in meta.items()})
+    (tmp / "model.safetensors").chmod(0o644)  # safetensors writes it owner-only; a model folder is for sharing
     (tmp / "config.json").write_text(json.dumps(cfg_dict, indent=1))
     gen = {"do_sample": True, "temperature": 0.8, "top_k": 50, "top_p": 1.0, "repetition_penalty": 1.05,
            "subtalker_dosample": True, "subtalker_temperature": 0.8, "subtalker_top_k": 50, "subtalker_top_p": 1.0,
