@@ -58,6 +58,10 @@ def _init_asr() -> None:
 
 
 def _transcribe(pcm16: np.ndarray) -> str:
+    """One utterance, independent of what this decoder heard before: without `reinit_feat` the feature state
+    carries over, so a hypothesis depended on which worker had transcribed which utterances (a few in 100
+    changed from run to run)."""
+    _DECODER.reinit_feat()
     _DECODER.start_utt()
     _DECODER.process_raw(pcm16.tobytes(), full_utt=True)
     _DECODER.end_utt()
