@@ -58,10 +58,10 @@ def words_of(sentence: str) -> list[str]:
     return re.sub(r"[^a-z' ]", " ", sentence.lower().replace("-", " ")).replace("' ", " ").split()
 
 
-def sentence_ok(s: str, vocab: set[str] | None) -> bool:
+def sentence_ok(s: str, vocab: set[str] | None, words: tuple[int, int] = (5, 20)) -> bool:
     n = len(s.split())
     return (
-        5 <= n <= 20 and s[0].isupper() and s[-1] in ".!?" and ALLOWED.fullmatch(s) is not None
+        words[0] <= n <= words[1] and s[0].isupper() and s[-1] in ".!?" and ALLOWED.fullmatch(s) is not None
         and "--" not in s and ".." not in s and s.count('"') % 2 == 0 and not ABBREVIATION.search(s)
         and not any(len(w) > 1 and w.isupper() for w in re.findall(r"[A-Za-z]+", s))  # acronyms, shouting
         and (vocab is None or all(w.strip("'") in vocab for w in words_of(s)))
@@ -71,12 +71,7 @@ def sentence_ok(s: str, vocab: set[str] | None) -> bool:
 def extra_sentence_ok(s: str, vocab: set[str] | None = None) -> bool:
     """The looser rule of the extra training sentences: 3-30 words, any word (espeak pronounces names and rare
     words too; only the test split needs pocketsphinx's dictionary), otherwise as `sentence_ok`."""
-    n = len(s.split())
-    return (
-        3 <= n <= 30 and s[0].isupper() and s[-1] in ".!?" and ALLOWED.fullmatch(s) is not None
-        and "--" not in s and ".." not in s and s.count('"') % 2 == 0 and not ABBREVIATION.search(s)
-        and not any(len(w) > 1 and w.isupper() for w in re.findall(r"[A-Za-z]+", s))
-    )
+    return sentence_ok(s, None, (3, 30))
 
 
 def read_corpus(folder: Path = FORTUNES_DIR, vocab: set[str] | None = None,
@@ -255,7 +250,7 @@ def build_extra(data_dir: str | Path, fortunes_dir: str | Path = FORTUNES_DIR, v
     also recorded in manifest.json under "extra"."""
     data, t = Path(data_dir), time.perf_counter()
     texts = {name: torch.load(data / f"{name}.pt", weights_only=False)["text"] for name in ("train", "test")}
-    sentences, candidates = read_corpus(Path(fortunes_dir), None, extra_sentence_ok)
+    sentences, _ = read_corpus(Path(fortunes_dir), None, extra_sentence_ok)
     items = new_sentences(sentences, texts["train"], texts["test"])
     log(f"extra: {len(items)} new sentences of {len(sentences)} under the looser rule")
     split = encode_split(items, variants, seed, workers, str(data / "speech_tokenizer"), "extra")
@@ -271,7 +266,9 @@ def build_extra(data_dir: str | Path, fortunes_dir: str | Path = FORTUNES_DIR, v
     if manifest_path.is_file():
         manifest = json.loads(manifest_path.read_text())
         manifest["extra"] = counts
-        manifest_path.write_text(json.dumps(manifest, indent=2) + "\n")
+        tmp = manifest_path.with_suffix(".part")
+        tmp.write_text(json.dumps(manifest, indent=2) + "\n")
+        tmp.replace(manifest_path)
     return counts
 
 
