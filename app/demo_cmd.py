@@ -84,6 +84,9 @@ def add_commands(sub) -> None:
     p.add_argument("--cp-fraction", type=float,
                    help="share of frames that train the code predictor per batch (default 0.25; 1.0 with "
                         "--part predictor)")
+    p.add_argument("--sampled-residuals", type=float, default=0.0, metavar="SHARE",
+                   help="share of training utterances whose talker input carries codes 1..15 sampled by the model's "
+                        "own code predictor, as at inference, instead of the codec's (default 0)")
     p.set_defaults(func=cmd_train)
 
 
@@ -94,11 +97,15 @@ def cmd_train(args) -> int:
         print(f"leapvox: no checkpoint at {args.init} (hint: point --init at another run's state.pt or a model "
               "folder)", file=sys.stderr)
         return 2
+    if not 0.0 <= args.sampled_residuals <= 1.0:
+        print(f"leapvox: --sampled-residuals must be a share in [0, 1], got {args.sampled_residuals}", file=sys.stderr)
+        return 2
     cp_fraction = args.cp_fraction if args.cp_fraction is not None else (1.0 if args.part == "predictor" else 0.25)
     out = train(str(args.data), str(args.out), steps=args.steps, batch=args.batch, save_every=args.save_every,
                 size=args.size, threads=args.threads, device=args.device, lr=args.lr, dropout=args.dropout,
                 cp_fraction=cp_fraction, part=args.part, init=str(args.init) if args.init else None,
                 predictor_layers=args.predictor_layers, minutes=args.minutes, extra=not args.no_extra,
+                sampled=args.sampled_residuals,
                 log=lambda m: print(m, file=sys.stderr, flush=True))
     print(out)
     return 0

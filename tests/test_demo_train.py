@@ -40,8 +40,10 @@ def test_train_resumes_and_the_predictor_stage_moves_only_the_predictor(tmp_path
     fake_data(data)
     logs = []
     first = tmp_path / "run"
-    train(str(data), str(first), steps=3, batch=4, save_every=3, size="tiny", threads=1, log=logs.append)
+    train(str(data), str(first), steps=3, batch=4, save_every=3, size="tiny", threads=1, sampled=0.5,
+          log=logs.append)
     assert weights(first / "state.pt") and torch.load(first / "state.pt", weights_only=False)["step"] == 3
+    assert any(m.startswith("step 3  held-out l0 ") and "  l0s " in m for m in logs)
     train(str(data), str(first), steps=5, batch=4, save_every=5, size="tiny", threads=1, log=logs.append)
     assert "resumed at step 3" in logs
     assert torch.load(first / "state.pt", weights_only=False)["step"] == 5
@@ -175,3 +177,42 @@ def test_extra_sentences_rule_and_dedup():
     # equal to a train sentence, containing a test sentence: out; punctuation and case do not separate duplicates
     # of each other here (that is read_corpus's job), only of train and test
     assert found == [("The cat sat.", "a"), ("the CAT, sat!", "b"), ("Mice ran.", "e")]
+
+
+def test_sampled_residuals_are_the_predictors_own_codes_for_the_input_only():
+    """`--sampled-residuals`: the talker's input rows carry codes 1..15 that the model's predictor draws from the
+    talker hidden of each frame (greedy here, so the batched draw must equal the engine's per-frame loop), while
+    the code-0 targets and the frames the predictor learns from stay the true ones."""
+    from leapvox.engine.generate import predict_codes
+    from leapvox.engine.sampling import SamplingParams
+    from leapvox.models.checkpoint import load_model
+    from leapvox.models.demo.train import Example, make_batch, sampled_residuals
+
+    m = load_model(DEMO_DIR)
+    tts, cfg, tok = m.tts.eval(), m.config, m.tokenizer
+    g = torch.Generator().manual_seed(3)
+    role = tok("<|im_start|>assistant\n")
+    batch = []
+    for n, ph in zip((6, 9, 4), PHONEMES, strict=False):
+        codes = torch.randint(0, 256, (n, 16), generator=g)
+        codes[:, 0] = torch.randint(0, 1024, (n,), generator=g)
+        batch.append(Example(role, tok(ph), codes))
+    greedy = SamplingParams(do_sample=False)
+    with torch.no_grad():
+        res = sampled_residuals(tts, cfg, batch, [0, 2], None, greedy)
+        assert sorted(res) == [0, 2] and [tuple(res[b].shape) for b in (0, 2)] == [(6, 15), (4, 15)]
+        x, target, starts, frames = make_batch(tts, cfg, batch)
+        h = tts.talker.model.forward_train(x, 0.0)
+        for b in (0, 2):  # the per-frame engine loop over the same teacher-forced hidden states
+            L, e = starts[b], batch[b]
+            want = torch.cat([predict_codes(tts.talker.code_predictor, h[b : b + 1, L - 1 + k][:, None],
+                                            tts.talker.embed_codec(e.codes[k : k + 1, :1]), greedy, None)
+                              for k in range(len(e.codes))])
+            assert torch.equal(res[b], want)
+        xs, ts, starts_s, frames_s = make_batch(tts, cfg, batch, residuals=res)
+    assert torch.equal(ts, target) and torch.equal(frames_s, frames) and starts_s == starts
+    changed = (xs != x).any(-1)  # [B, S]: rows whose input differs
+    assert not changed[1].any()  # example 1 was not picked
+    for b in (0, 2):
+        rows = changed[b].nonzero().flatten().tolist()
+        assert rows and set(rows) <= set(range(starts[b], starts[b] + len(batch[b].codes)))
