@@ -117,6 +117,9 @@ def save_manifest(m: dict) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".part", dir=path.parent)
     try:
+        mask = os.umask(0)
+        os.umask(mask)
+        os.chmod(fd, 0o666 & ~mask)  # as the Hub cache's other files, not mkstemp's owner-only 0600
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             json.dump(m, f, indent=1, sort_keys=True)
         os.replace(tmp, path)

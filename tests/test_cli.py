@@ -165,3 +165,19 @@ def test_atomic_write_keeps_old_file_on_interrupt(tmp_path, monkeypatch):
         write_bytes_atomic(target, b"new data")
     assert target.read_bytes() == b"old"
     assert [p.name for p in tmp_path.iterdir()] == ["keep.wav"]
+
+
+def test_atomic_write_gives_the_mode_a_plain_write_would(tmp_path):
+    """mkstemp makes owner-only files; a WAV the user asked for gets 0666 less the umask, like open() gives."""
+    import os
+
+    old = os.umask(0o022)
+    try:
+        write_bytes_atomic(tmp_path / "a.wav", b"x")
+        (tmp_path / "b.wav").write_bytes(b"x")
+        os.umask(0o077)
+        write_bytes_atomic(tmp_path / "c.wav", b"x")
+    finally:
+        os.umask(old)
+    mode = {n: (tmp_path / n).stat().st_mode & 0o777 for n in ("a.wav", "b.wav", "c.wav")}
+    assert mode == {"a.wav": 0o644, "b.wav": 0o644, "c.wav": 0o600}
