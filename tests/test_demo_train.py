@@ -44,8 +44,15 @@ def test_train_resumes_and_the_predictor_stage_moves_only_the_predictor(tmp_path
           log=logs.append)
     assert weights(first / "state.pt") and torch.load(first / "state.pt", weights_only=False)["step"] == 3
     assert any(m.startswith("step 3  held-out l0 ") and "  l0s " in m for m in logs)
+    old = torch.load(first / "state.pt", weights_only=False)
+    assert old["best_by"] == "l0s+lcp" and old["best"] < float("inf")
+    del old["best_by"]  # as a run saved before best/ was chosen by l0s + lcp
+    old["best"] = -1.0  # a value no new held-out loss beats
+    torch.save(old, first / "state.pt")
+    shutil.rmtree(first / "best")
     train(str(data), str(first), steps=5, batch=4, save_every=5, size="tiny", threads=1, log=logs.append)
     assert "resumed at step 3" in logs
+    assert (first / "best" / "model.safetensors").is_file()  # its old best did not count on the new scale
     assert torch.load(first / "state.pt", weights_only=False)["step"] == 5
 
     second = tmp_path / "predictor"
