@@ -223,3 +223,33 @@ def test_sampled_residuals_are_the_predictors_own_codes_for_the_input_only():
     for b in (0, 2):
         rows = changed[b].nonzero().flatten().tolist()
         assert rows and set(rows) <= set(range(starts[b], starts[b] + len(batch[b].codes)))
+
+
+def test_init_from_a_runs_state_takes_that_runs_config_and_a_mismatch_is_a_one_line_error(tmp_path):
+    """`--init RUN/state.pt` builds the model RUN/export/ describes, whatever --size says; weights that fit no
+    model of that shape are a user error with a hint, not a page of size mismatches."""
+    import pytest
+
+    from leapvox.engine.config import TTSConfig
+    from leapvox.engine.errors import InputError
+    from leapvox.engine.talker import TTSModel
+    from leapvox.models.demo.train import demo_config, load_grown
+
+    data = tmp_path / "data"
+    data.mkdir()
+    fake_data(data)
+    first = tmp_path / "tiny"
+    train(str(data), str(first), steps=1, batch=4, save_every=1, size="tiny", threads=1, log=lambda m: None)
+    logs = []
+    train(str(data), str(tmp_path / "next"), steps=1, batch=4, save_every=1, lr=0.0, threads=1,
+          init=str(first / "state.pt"), log=logs.append)  # default --size is "small", not the run's "tiny"
+    assert f"config and tokenizer from {first / 'export'} (--size ignored)" in logs
+    before, after = weights(first / "state.pt"), weights(tmp_path / "next" / "state.pt")
+    assert before.keys() == after.keys() and all(torch.equal(before[k], after[k]) for k in before)
+
+    special = {t: 290 + i for i, t in enumerate(["<|im_start|>", "<|im_end|>", "<tts_pad>", "<tts_text_bos>",
+                                                   "<tts_text_eod>"])}
+    small = TTSModel(TTSConfig.from_dict(demo_config(300, special, 289, "small")).talker)
+    with pytest.raises(InputError, match="other shapes") as e:
+        load_grown(small, before)
+    assert "--size" in e.value.hint

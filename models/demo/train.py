@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from leapvox.engine.config import TTSConfig
+from leapvox.engine.errors import InputError
 from leapvox.engine.predictor_loop import predict_codes_reference
 from leapvox.engine.sampling import SamplingParams
 from leapvox.engine.talker import TTSModel
@@ -218,7 +219,11 @@ def load_grown(model: TTSModel, state: dict) -> int:
     """Load `state` into `model`, which may have more code-predictor layers than `state`; those extra layers get
     zero output projections (attention o_proj, MLP down_proj), so each is an identity on the residual stream.
     Returns how many layers were added."""
-    missing, unexpected = model.load_state_dict(state, strict=False)
+    try:
+        missing, unexpected = model.load_state_dict(state, strict=False)
+    except RuntimeError:  # shapes differ: another size
+        raise InputError("checkpoint does not fit this model: its layers have other shapes",
+                         hint="pass the --size it was trained with, or --init its run's export/ folder") from None
     prefix = "talker.code_predictor.model.layers."
     new_layers = sorted({int(k[len(prefix):].split(".")[0]) for k in missing if k.startswith(prefix)})
     wrong = [k for k in missing if not k.startswith(prefix)] + list(unexpected)
@@ -319,14 +324,17 @@ def train(data_dir: str, out_dir: str, steps: int = 20000, batch: int = 16, lr: 
     tok_dir = out / "tokenizer"
     splits = ["train"] + (["extra"] if extra and (data / "extra.pt").is_file() else [])
     init_dir = Path(init) if init and Path(init).is_dir() else None
-    if init_dir:  # a model folder: its tokenizer and config (a symbol it lacks falls back to byte tokens)
+    # a model folder, or beside another run's state.pt that run's export/: its tokenizer and config (a symbol the
+    # tokenizer lacks falls back to byte tokens), so the weights fit whatever --size says
+    cfg_src = init_dir or (Path(init).parent / "export" if init else None)
+    if cfg_src and (cfg_src / "config.json").is_file():
         tok_dir.mkdir(exist_ok=True)
         for f in ("vocab.json", "merges.txt", "tokenizer_config.json"):
-            shutil.copy(init_dir / f, tok_dir / f)
-        cfg_dict = json.loads((init_dir / "config.json").read_text())
+            shutil.copy(cfg_src / f, tok_dir / f)
+        cfg_dict = json.loads((cfg_src / "config.json").read_text())
         if predictor_layers:
             cfg_dict["talker_config"]["code_predictor_config"]["num_hidden_layers"] = predictor_layers
-        log(f"config and tokenizer from {init_dir} (--size ignored)")
+        log(f"config and tokenizer from {cfg_src} (--size ignored)")
     else:
         phonemes = [p for name in splits for p in torch.load(data / f"{name}.pt", weights_only=False)["phonemes"]]
         ids = write_tokenizer(tok_dir, phonemes)
