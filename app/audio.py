@@ -8,7 +8,7 @@ from typing import BinaryIO
 
 import numpy as np
 
-from .files import write_bytes_atomic
+from leapvox.models.files import write_bytes_atomic
 
 
 def wav_bytes(audio: np.ndarray, sample_rate: int) -> bytes:

@@ -76,8 +76,8 @@ def cmd_bench(args) -> int:
 
         os.environ["OMP_NUM_THREADS"] = str(args.threads)  # the workers and the official run start with it
         torch.set_num_threads(args.threads)
-    from leapvox.app.files import write_text_atomic
     from leapvox.models import bench
+    from leapvox.models.files import write_text_atomic
 
     if args.acceptance is not None:
         try:

@@ -214,7 +214,7 @@ def cmd_speak(args) -> int:
     if args.codes:
         import json
 
-        from leapvox.app.files import write_text_atomic
+        from leapvox.models.files import write_text_atomic
 
         write_text_atomic(args.codes, json.dumps(result.codes.tolist()))
     from leapvox.app.audio import write_wav, write_wav_stream

@@ -71,7 +71,7 @@ def plot(rows: list[StreamStats], path: Path) -> bool:
 def compare(model, text: str, opts, modes: tuple[str, ...], out_dir: Path) -> dict:
     """Run every mode, write the WAVs, JSON and plot; returns the JSON record."""
     from leapvox.app.audio import write_wav
-    from leapvox.app.files import write_text_atomic
+    from leapvox.models.files import write_text_atomic
 
     out_dir.mkdir(parents=True, exist_ok=True)
     synth = model.synthesizer()

@@ -177,7 +177,7 @@ def _write_outputs(args, audio, codes, sample_rate: int) -> None:
     if args.codes:
         import json
 
-        from leapvox.app.files import write_text_atomic
+        from leapvox.models.files import write_text_atomic
 
         write_text_atomic(args.codes, json.dumps(codes.tolist()))
     if not args.output:

@@ -138,7 +138,7 @@ def plot(out: dict, path: Path) -> bool:
 
 
 def cmd_bench_window(args) -> int:
-    from leapvox.app.files import write_text_atomic
+    from leapvox.models.files import write_text_atomic
 
     from .cli import UsageError
 

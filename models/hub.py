@@ -14,7 +14,6 @@ import json
 import os
 import re
 import shutil
-import tempfile
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
@@ -22,6 +21,7 @@ from pathlib import Path
 from leapvox.engine.errors import LeapvoxError, ModelNotFoundError
 
 from .catalog import CATALOG, CatalogEntry, ModelSpec, human_size, resolve_model
+from .files import write_text_atomic
 
 COMMIT = re.compile(r"^[0-9a-f]{40}$")
 # Files without which a checkpoint cannot load, whatever else the repo holds.
@@ -115,17 +115,7 @@ def load_manifest(repo_id: str, commit: str) -> dict | None:
 def save_manifest(m: dict) -> None:
     path = _manifest_path(m["repo_id"], m["commit"])
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".part", dir=path.parent)
-    try:
-        mask = os.umask(0)
-        os.umask(mask)
-        os.chmod(fd, 0o666 & ~mask)  # as the Hub cache's other files, not mkstemp's owner-only 0600
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(m, f, indent=1, sort_keys=True)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    write_text_atomic(path, json.dumps(m, indent=1, sort_keys=True))
 
 
 def manifest_from_hub(spec: ModelSpec) -> dict:

@@ -13,7 +13,7 @@ import soundfile as sf
 from safetensors.torch import load_file, save_file
 
 from leapvox.app.cli import main
-from leapvox.app.files import write_bytes_atomic
+from leapvox.models.files import write_bytes_atomic
 
 from .conftest import FIXTURES
 

@@ -26,6 +26,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from leapvox.models.files import write_text_atomic
+
 FORTUNES_DIR = Path("/usr/share/games/fortunes")
 FORTUNES_COPYRIGHT = Path("/usr/share/doc/fortunes/copyright")
 # fortune files left out of the corpus: jokes built on ethnic and gender stereotypes have no place in a product voice
@@ -227,7 +229,7 @@ def build_data(out_dir: str | Path, fortunes_dir: str | Path = FORTUNES_DIR, tes
                         "phonemes_aligned": split.pop("_aligned")}
     timings["total_s"] = round(time.perf_counter() - t_start, 1)
     manifest = make_manifest(Path(fortunes_dir), candidates, len(sentences), counts, variants, seed, timings)
-    (out / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+    write_text_atomic(out / "manifest.json", json.dumps(manifest, indent=2) + "\n")
     log(f"done in {timings['total_s']:.0f} s: {out}")
     return manifest
 
@@ -266,9 +268,7 @@ def build_extra(data_dir: str | Path, fortunes_dir: str | Path = FORTUNES_DIR, v
     if manifest_path.is_file():
         manifest = json.loads(manifest_path.read_text())
         manifest["extra"] = counts
-        tmp = manifest_path.with_suffix(".part")
-        tmp.write_text(json.dumps(manifest, indent=2) + "\n")
-        tmp.replace(manifest_path)
+        write_text_atomic(manifest_path, json.dumps(manifest, indent=2) + "\n")
     return counts
 
 

@@ -1,4 +1,5 @@
-"""Atomic file writes: a temp file beside the target, fsync, rename. Nothing half written, even on Ctrl-C."""
+"""Atomic file writes: a temp file beside the target, fsync, rename. Nothing half written, even on Ctrl-C.
+Shared by the app (WAVs, JSON reports) and the model manager (Hub manifests, dataset manifests)."""
 
 from __future__ import annotations
 
