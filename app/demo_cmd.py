@@ -71,8 +71,8 @@ def add_commands(sub) -> None:
     p.add_argument("--threads", type=int, help="torch threads (default: torch's choice)")
     p.add_argument("--device", help="cpu, cuda, cuda:1 ... (default: CUDA when present, else CPU)")
     p.add_argument("--part", choices=["all", "predictor"], default="all",
-                   help="what learns: the whole model (default), or only the code predictor (its embedding tables, "
-                        "which the talker also reads, included) with the talker's own weights frozen")
+                   help="what learns: the whole model (default), or only the code predictor's layers and heads "
+                        "(the talker, and the code tables it shares with the predictor, frozen)")
     p.add_argument("--init", type=Path,
                    help="start from this run's state.pt weights, or a model folder such as models/assets/demo "
                         "(its config and tokenizer too; fresh optimizer, step 0)")

@@ -302,9 +302,9 @@ def train(data_dir: str, out_dir: str, steps: int = 20000, batch: int = 16, lr: 
     and exports when either is used up.
 
     `part="predictor"` is a second stage: the talker's own weights are frozen (no dropout, no gradients) and only
-    the code predictor learns, from the code-1..15 loss on `cp_fraction` of the frames. The predictor's code
-    embedding tables learn too, and the talker reads them for codes 1..15 of past frames, so its code-0 loss can
-    still move a little (reported at every checkpoint). `init` starts a fresh run (step 0,
+    the code predictor learns, from the code-1..15 loss on `cp_fraction` of the frames. Its code embedding tables
+    stay frozen too: the talker reads them for codes 1..15 of past frames, so the talker's input and code-0 loss
+    do not move. `init` starts a fresh run (step 0,
     new optimizer) from another run's state.pt weights, or from a model folder (an export, or the bundled demo
     model), whose config and tokenizer it then keeps; an existing out/state.pt still takes precedence (resume).
     With more `predictor_layers` than the `init` run had, the extra predictor layers start as identities (their
@@ -353,6 +353,9 @@ def train(data_dir: str, out_dir: str, steps: int = 20000, batch: int = 16, lr: 
             p.requires_grad_(False)
         for p in model.talker.code_predictor.parameters():
             p.requires_grad_(True)
+        # the talker reads these tables for codes 1..15 of past frames: learning them would move its input
+        for p in model.talker.code_predictor.model.codec_embedding.parameters():
+            p.requires_grad_(False)
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr, betas=(0.9, 0.98),
                             weight_decay=0.01, fused=device.type == "cuda")  # one kernel per step on a GPU
     step, best, elapsed, state = 0, math.inf, 0.0, out / "state.pt"
