@@ -44,6 +44,9 @@ def add_commands(sub) -> None:
                         "code 0, talker teacher-forced) (default espeak,codec)")
     p.add_argument("--model", action="append", default=[],
                    help="also score this model's synthesis (repeatable; sentence i sampled with seed i)")
+    p.add_argument("--true-codes", type=int, default=0, metavar="K",
+                   help="with --what predictor: keep the true codes 1..K as well, so only codes K+1..15 are the "
+                        "predictor's (default 0); shows which residual groups a gap sits in")
     p.add_argument("--mode", action="append", choices=MODES, help="decoding mode(s) for --model (default ar)")
     p.add_argument("--window", type=int, help="windowed mode's window (default: the model's)")
     p.add_argument("--weights", help="weight format for --model where supported (e.g. fp32, bf16, int8)")
@@ -161,6 +164,10 @@ def cmd_wer(args) -> int:
     from leapvox.models.demo import quality
     from leapvox.models.demo.codec_fit import load_codec
 
+    if not 0 <= args.true_codes <= 15:
+        print(f"leapvox: --true-codes {args.true_codes} is out of range (0..15: codes 1..K stay the true ones)",
+              file=sys.stderr)
+        return 2
     torch.set_num_threads(1)
     split = torch.load(args.data / "test.pt")
     texts = split["text"][: args.n]
@@ -182,10 +189,10 @@ def cmd_wer(args) -> int:
         loaded = _load_for_wer(name, args.weights)
         synth = loaded.synthesizer()
         if "predictor" in args.what.split(","):
-            key = f"{name}:predictor"
+            key = f"{name}:predictor" + (f":true1-{args.true_codes}" if args.true_codes else "")
             defaults = _sampling(loaded.defaults, args)
             with torch.inference_mode():
-                codes = quality.teacher_forced_codes(loaded, split, len(texts), defaults.predictor)
+                codes = quality.teacher_forced_codes(loaded, split, len(texts), defaults.predictor, args.true_codes)
                 results[key] = quality.score_codes(texts, codes, loaded.codec, args.workers)
             report[key] = results[key].summary()
         for mode in args.mode or ["ar"]:

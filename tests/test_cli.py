@@ -181,3 +181,9 @@ def test_atomic_write_gives_the_mode_a_plain_write_would(tmp_path):
         os.umask(old)
     mode = {n: (tmp_path / n).stat().st_mode & 0o777 for n in ("a.wav", "b.wav", "c.wav")}
     assert mode == {"a.wav": 0o644, "b.wav": 0o644, "c.wav": 0o600}
+
+
+def test_demo_wer_true_codes_out_of_range_is_a_one_line_error(tmp_path, capsys):
+    code, out, err = run(capsys, "demo", "wer", "--data", str(tmp_path), "--what", "predictor", "--model", "demo",
+                         "--true-codes", "16")
+    assert code == 2 and "--true-codes 16 is out of range" in one_line_error(err)

@@ -111,6 +111,12 @@ def test_teacher_forced_codes_keep_code_0_and_sample_the_rest():
     assert all(int(c[:, 1:].max()) < 256 and int(c[:, 1:].min()) >= 0 for c in out)
     again = teacher_forced_codes(m, split, 2)
     assert all(torch.equal(a, b) for a, b in zip(out, again, strict=True))
+    # --true-codes 7: the rendition's codes 0..7, the same draw's codes 8..15
+    mixed = teacher_forced_codes(m, split, 2, true_codes=7)
+    truth = [codes[:7].long(), codes[16:].long()]
+    assert all(torch.equal(c[:, :8], t[:, :8]) for c, t in zip(mixed, truth, strict=True))
+    assert all(torch.equal(c[:, 8:], o[:, 8:]) for c, o in zip(mixed, out, strict=True))
+    assert not all(torch.equal(c[:, 1:8], o[:, 1:8]) for c, o in zip(mixed, out, strict=True))
 
 
 def test_time_budget_stops_and_keeps_the_best_export_and_extra_data_is_read(tmp_path):

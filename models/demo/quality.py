@@ -209,10 +209,13 @@ def score_model(texts: list[str], synth, opts, ref_frames: list[int], workers: i
 
 
 @torch.inference_mode()
-def teacher_forced_codes(loaded, split: dict, n: int, params=None) -> list[torch.Tensor]:
+def teacher_forced_codes(loaded, split: dict, n: int, params=None, true_codes: int = 0) -> list[torch.Tensor]:
     """Codes [T, 16] for sentences 0..n-1 of a build-data split whose code 0 is the canonical rendition's own and
     whose codes 1..15 the model's code predictor samples (sentence i with seed i) from the talker run teacher-forced
-    over those frames. Scoring them isolates the predictor's share of the WER gap from the talker's."""
+    over those frames. Scoring them isolates the predictor's share of the WER gap from the talker's.
+
+    `true_codes` = K keeps the rendition's own codes 1..K too, spliced over the same draw (codes K+1..15 are the
+    ones drawn with K = 0): scoring K = 0, 3, 7 ... shows which residual groups the gap sits in."""
     from leapvox.engine.predictor_loop import PredictorLoop
 
     from .train import Example, make_batch
@@ -231,7 +234,7 @@ def teacher_forced_codes(loaded, split: dict, n: int, params=None) -> list[torch
         for k in range(len(codes)):
             c0 = codes[k : k + 1, :1]  # [1, 1]
             rows.append(torch.cat([c0, loop(h[:, L - 1 + k][:, None], tts.talker.embed_codec(c0), params, g)], 1))
-        out.append(torch.cat(rows))
+        out.append(torch.cat([codes[:, : 1 + true_codes], torch.cat(rows)[:, 1 + true_codes :]], 1))
     return out
 
 
