@@ -168,6 +168,9 @@ def cmd_wer(args) -> int:
         print(f"leapvox: --true-codes {args.true_codes} is out of range (0..15: codes 1..K stay the true ones)",
               file=sys.stderr)
         return 2
+    if args.true_codes and "predictor" not in args.what.split(","):
+        print("leapvox: --true-codes applies to the predictor diagnostic (hint: add --what predictor)", file=sys.stderr)
+        return 2
     torch.set_num_threads(1)
     split = torch.load(args.data / "test.pt")
     texts = split["text"][: args.n]

@@ -183,7 +183,9 @@ def test_atomic_write_gives_the_mode_a_plain_write_would(tmp_path):
     assert mode == {"a.wav": 0o644, "b.wav": 0o644, "c.wav": 0o600}
 
 
-def test_demo_wer_true_codes_out_of_range_is_a_one_line_error(tmp_path, capsys):
+def test_demo_wer_true_codes_misuse_is_a_one_line_error(tmp_path, capsys):
     code, out, err = run(capsys, "demo", "wer", "--data", str(tmp_path), "--what", "predictor", "--model", "demo",
                          "--true-codes", "16")
     assert code == 2 and "--true-codes 16 is out of range" in one_line_error(err)
+    code, out, err = run(capsys, "demo", "wer", "--data", str(tmp_path), "--what", "codec", "--true-codes", "3")
+    assert code == 2 and "hint: add --what predictor" in one_line_error(err)

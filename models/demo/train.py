@@ -304,9 +304,9 @@ def train(data_dir: str, out_dir: str, steps: int = 20000, batch: int = 16, lr: 
     `part="predictor"` is a second stage: the talker's own weights are frozen (no dropout, no gradients) and only
     the code predictor learns, from the code-1..15 loss on `cp_fraction` of the frames. Its code embedding tables
     stay frozen too: the talker reads them for codes 1..15 of past frames, so the talker's input and code-0 loss
-    do not move. `init` starts a fresh run (step 0,
-    new optimizer) from another run's state.pt weights, or from a model folder (an export, or the bundled demo
-    model), whose config and tokenizer it then keeps; an existing out/state.pt still takes precedence (resume).
+    do not move. `init` starts a fresh run (step 0, new optimizer) from another run's state.pt weights, or from a
+    model folder (an export, or the bundled demo model), whose config and tokenizer it then keeps; an existing
+    out/state.pt still takes precedence (resume).
     With more `predictor_layers` than the `init` run had, the extra predictor layers start as identities (their
     output projections zero), so the grown model begins exactly where the smaller one stopped.
 
