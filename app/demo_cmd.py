@@ -164,18 +164,19 @@ def cmd_wer(args) -> int:
     from leapvox.models.demo import quality
     from leapvox.models.demo.codec_fit import load_codec
 
+    wanted = [w for w in args.what.split(",") if w]
     if not 0 <= args.true_codes <= 15:
         print(f"leapvox: --true-codes {args.true_codes} is out of range (0..15: codes 1..K stay the true ones)",
               file=sys.stderr)
         return 2
-    if args.true_codes and "predictor" not in args.what.split(","):
+    if args.true_codes and "predictor" not in wanted:
         print("leapvox: --true-codes applies to the predictor diagnostic (hint: add --what predictor)", file=sys.stderr)
         return 2
     torch.set_num_threads(1)
     split = torch.load(args.data / "test.pt")
     texts = split["text"][: args.n]
     results, report = {}, {"sentences": len(texts)}
-    for what in [w for w in args.what.split(",") if w]:
+    for what in wanted:
         if what == "espeak":
             results[what] = quality.score_espeak(texts, args.workers)
         elif what == "codec":
@@ -191,7 +192,7 @@ def cmd_wer(args) -> int:
     for name in args.model:
         loaded = _load_for_wer(name, args.weights)
         synth = loaded.synthesizer()
-        if "predictor" in args.what.split(","):
+        if "predictor" in wanted:
             key = f"{name}:predictor" + (f":true1-{args.true_codes}" if args.true_codes else "")
             defaults = _sampling(loaded.defaults, args)
             with torch.inference_mode():
