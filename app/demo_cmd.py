@@ -90,6 +90,10 @@ def add_commands(sub) -> None:
     p.add_argument("--sampled-residuals", type=float, default=0.0, metavar="SHARE",
                    help="share of training utterances whose talker input carries codes 1..15 sampled by the model's "
                         "own code predictor, as at inference, instead of the codec's (default 0)")
+    p.add_argument("--predictor-objective", choices=["ce", "distortion"], default="ce",
+                   help="how codes 1..15 learn: cross-entropy on the codec's codes (default), or the expected codec "
+                        "distortion of the predictor's choice, on its own draws (what the demo model ships with; "
+                        "see models/demo/README.md)")
     p.set_defaults(func=cmd_train)
 
 
@@ -108,7 +112,7 @@ def cmd_train(args) -> int:
                 size=args.size, threads=args.threads, device=args.device, lr=args.lr, dropout=args.dropout,
                 cp_fraction=cp_fraction, part=args.part, init=str(args.init) if args.init else None,
                 predictor_layers=args.predictor_layers, minutes=args.minutes, extra=not args.no_extra,
-                sampled=args.sampled_residuals,
+                sampled=args.sampled_residuals, objective=args.predictor_objective,
                 log=lambda m: print(m, file=sys.stderr, flush=True))
     print(out)
     return 0

@@ -262,3 +262,59 @@ def test_init_from_a_runs_state_takes_that_runs_config_and_a_mismatch_is_a_one_l
     with pytest.raises(InputError, match="other shapes") as e:
         load_grown(small, before)
     assert "--size" in e.value.hint
+
+
+def test_excess_distortion_prices_each_code_against_the_residual_its_own_prefix_leaves():
+    """`--predictor-objective distortion`: a code's cost is the codec-space error of the codeword it picks for the
+    residual that code 0 and the codes it read leave of the frame (the true codewords' sum), above the best
+    codeword's, over that residual's energy. Hand-computed on 1-D books."""
+    from leapvox.models.demo.train import excess_distortion
+
+    books = [torch.tensor([[0.0], [10.0]]), torch.tensor([[0.0], [1.0], [3.0]]), torch.tensor([[0.0], [1.0], [2.0]])]
+    codes = torch.tensor([[1, 2, 0]])  # z = 10 + 3 + 0 = 13
+    big = 50.0
+
+    def onehot(*picks):  # logits [1, 2, 3] with all mass on the picked codewords
+        out = torch.full((1, 2, 3), -big)
+        for g, c in enumerate(picks):
+            out[0, g, c] = big
+        return out
+
+    # true prefix: code 1's residual is 3 (codeword 2 exact), code 2's is 0 (codeword 0 exact)
+    assert excess_distortion(onehot(2, 0), codes, codes, books).item() < 1e-6
+    # read code 1 = 1 instead: code 2's residual is 2, codeword 2 is exact, codeword 0 costs 4 over energy 4
+    prefix = torch.tensor([[1, 1, 0]])
+    assert excess_distortion(onehot(2, 2), codes, prefix, books).item() < 1e-6
+    assert abs(excess_distortion(onehot(2, 0), codes, prefix, books).item() - 1.0 / 2) < 1e-6  # mean of 2
+    # code 1 picking codeword 0 for residual 3: cost 9 over energy 9
+    assert abs(excess_distortion(onehot(0, 0), codes, codes, books).item() - 1.0 / 2) < 1e-6
+    # a spread distribution pays the expected cost; the gradient moves mass to the cheaper codewords
+    logits = torch.zeros(1, 2, 3, requires_grad=True)
+    loss = excess_distortion(logits, codes, prefix, books)
+    # code 1 (residual 3): costs (9, 4, 0) / 9; code 2 (residual 2): costs (4, 1, 0) / 4; uniform mass
+    assert abs(loss.item() - (13 / 27 + 5 / 12) / 2) < 1e-6
+    loss.backward()
+    for g in range(2):
+        assert logits.grad[0, g].argmin() == 2 and logits.grad[0, g].argmax() == 0
+
+
+def test_distortion_objective_trains_only_the_predictor_and_reports_its_loss(tmp_path):
+    """The predictor-only stage with the distortion objective runs on the predictor's own draws, reports the
+    objective as lcp, keys best/ on it, and leaves the talker and the code tables where they were."""
+    from safetensors.torch import load_file
+
+    data = tmp_path / "data"
+    data.mkdir()
+    fake_data(data)
+    logs = []
+    run = tmp_path / "run"
+    train(str(data), str(run), steps=3, batch=4, save_every=3, init=str(DEMO_DIR), part="predictor", threads=1,
+          lr=1e-2, objective="distortion", log=logs.append)
+    state = torch.load(run / "state.pt", weights_only=False)
+    assert state["step"] == 3 and state["best_by"] == "l0s+distortion" and state["best"] < float("inf")
+    held = [m for m in logs if m.startswith("step 3  held-out")]
+    lcp = float(held[0].split("lcp ")[1].split()[0])
+    assert 0.0 < lcp < 1.0  # excess distortion over the residual's energy: not cross-entropy's nats
+    shipped, after = load_file(str(DEMO_DIR / "model.safetensors")), state["model"]
+    moved = {k for k in shipped if not torch.equal(shipped[k].float(), after[k])}
+    assert moved and all(k.startswith("talker.code_predictor.") and ".codec_embedding." not in k for k in moved)

@@ -111,14 +111,20 @@ def make_batch(model: TTSModel, cfg: TTSConfig, batch: list[Example], speaker: s
     x = torch.where(text_on[..., None], talker.embed_text(text), 0.0)
     x = x + torch.where(codec_on[..., None], talker.embed_codec(codec), 0.0)
     tables = talker.code_predictor.model.codec_embedding
-    read = frames
-    if residuals:
-        read = frames.clone()
-        for b, res in residuals.items():
-            read[b, starts[b] : starts[b] + len(res), 1:] = res.to(dev)
+    read = with_residuals(frames, starts, residuals)
     fsum = talker.embed_codec(read[..., 0]) + sum(tables[g](read[..., g + 1]) for g in range(15))
     x = x + torch.where(frame_on[..., None], fsum, 0.0)
     return x, target, starts, frames
+
+
+def with_residuals(frames: torch.Tensor, starts: list[int], residuals: dict[int, torch.Tensor] | None) -> torch.Tensor:
+    """make_batch's `frames` [B, S, 16] with example b's codes 1..15 replaced by `residuals[b]` [F, 15]."""
+    if not residuals:
+        return frames
+    read = frames.clone()
+    for b, res in residuals.items():
+        read[b, starts[b] : starts[b] + len(res), 1:] = res.to(read.device)
+    return read
 
 
 def pick_frames(batch: list[Example], fraction: float, rng) -> list[tuple[int, int]]:
@@ -126,20 +132,55 @@ def pick_frames(batch: list[Example], fraction: float, rng) -> list[tuple[int, i
     return [(b, k) for b, e in enumerate(batch) for k in range(len(e.codes)) if rng.random() < fraction]
 
 
+def picked_rows(picks, starts: list[int], device) -> tuple[torch.Tensor, torch.Tensor]:
+    """(example, row) index tensors of the picked frames' rows in make_batch's layout."""
+    return (torch.tensor([b for b, _ in picks], device=device),
+            torch.tensor([starts[b] + k for b, k in picks], device=device))
+
+
 def predictor_logits(model: TTSModel, h: torch.Tensor, starts: list[int], frames: torch.Tensor, picks,
-                     dropout: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
+                     dropout: float = 0.0, prefix: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Teacher-forced code-predictor logits [M, 15, V] of the picked frames, and their codes [M, 16].
 
-    The predictor's rows are [h_{L-1+k}, C(c0_k), E(c1..c14)]: the talker hidden that produced code 0 of frame k."""
+    The predictor's rows are [h_{L-1+k}, C(c0_k), E(c1..c14)]: the talker hidden that produced code 0 of frame k.
+    `prefix` [B, S, 16], when given, supplies the codes 1..14 the rows read (e.g. the predictor's own draws)
+    in place of `frames`' true ones; the returned codes are still the true ones."""
     talker = model.talker
     cp = talker.code_predictor
-    bi = torch.tensor([b for b, _ in picks], device=h.device)
-    ki = torch.tensor([starts[b] + k for b, k in picks], device=h.device)
+    bi, ki = picked_rows(picks, starts, h.device)
     codes = frames[bi, ki]  # [M, 16]
+    read = codes if prefix is None else prefix[bi, ki]
     rows = [cp.prefill_rows(h[bi, ki - 1][:, None], talker.embed_codec(codes[:, :1]))]
-    rows += [cp.embed(g, codes[:, g : g + 1]) for g in range(1, 15)]
+    rows += [cp.embed(g, read[:, g : g + 1]) for g in range(1, 15)]
     hc = cp.model.forward_train(torch.cat(rows, 1), dropout)  # [M, 16, Hc]
     return torch.stack([cp.lm_head[g](hc[:, g + 1]) for g in range(15)], 1), codes
+
+
+def excess_distortion(logits: torch.Tensor, codes: torch.Tensor, prefix: torch.Tensor,
+                      books: list[torch.Tensor]) -> torch.Tensor:
+    """The predictor's expected excess codec distortion, averaged over frames and codes 1..15 (the `distortion`
+    objective). Frame m's target is z = the sum of its true codewords (codec space); code g's residual is what
+    the codewords of its `prefix` (the true code 0, then the codes 1..g-1 the predictor read) leave of z, and
+    choosing codeword c for it costs d(c) = |residual - book_g[c]|^2. The loss is E_p[d] - min_c d, the code's
+    softmax-weighted cost above the best codeword, over the mean residual energy of code g in the batch.
+
+    Cross-entropy on the true codes makes the predictor's distribution the data's: sampled where it is unsure,
+    it adds codewords unrelated to the frame (measured: scored from the talker teacher-forced, the predictor's
+    codes 2..15 raise the codec-space error above leaving them out). Here being unsure costs what the codeword
+    costs, so the distribution moves to the codewords that are cheap whatever the frame holds."""
+    z = sum(books[g][codes[:, g]] for g in range(len(books)))  # [M, D]
+    acc = books[0][codes[:, 0]]
+    total = logits.new_zeros(())
+    for g in range(1, len(books)):
+        r = (z - acc).float()  # [M, D]
+        book = books[g].float()
+        d = (r * r).sum(1, keepdim=True) - 2 * r @ book.t() + (book * book).sum(1)  # [M, K]
+        p = torch.softmax(logits[:, g - 1].float(), -1)
+        excess = (p * d).sum(1) - d.min(1).values
+        total = total + excess.mean() / (r * r).sum(1).mean().clamp_min(1e-6)
+        if g < len(books) - 1:
+            acc = acc + books[g][prefix[:, g]]
+    return total / (len(books) - 1)
 
 
 # The exported generation_config's sampling for codes 1..15, which the talker meets at inference.
@@ -176,13 +217,18 @@ def sampled_residuals(model: TTSModel, cfg: TTSConfig, batch: list[Example], whi
 
 
 def loss_on(model: TTSModel, cfg: TTSConfig, batch: list[Example], dropout: float, cp_fraction: float, rng,
-            talker_frozen: bool = False, sampled: float = 0.0, generator: torch.Generator | None = None):
+            talker_frozen: bool = False, sampled: float = 0.0, generator: torch.Generator | None = None,
+            books: list[torch.Tensor] | None = None):
     """(code-0 loss, codes 1..15 loss) of one batch. With `talker_frozen` the talker runs without dropout or
     gradients (the predictor-only stage) and the code-0 loss is still reported. A share `sampled` of the examples
     (each drawn with that probability) has the talker read codes 1..15 sampled by the model's own predictor
-    instead of the true ones (`sampled_residuals`); the predictor still learns the true codes."""
+    instead of the true ones (`sampled_residuals`); the predictor still learns the true codes.
+
+    With the codec's codebooks `books`, the codes 1..15 loss is `excess_distortion` instead of cross-entropy,
+    on policy: every example's codes 1..15 are drawn by the predictor, the talker reads them (whatever
+    `sampled` says) and so do the predictor's own rows."""
     talker = model.talker
-    which = [b for b in range(len(batch)) if sampled and rng.random() < sampled]
+    which = [b for b in range(len(batch)) if books is not None or (sampled and rng.random() < sampled)]
     residuals = sampled_residuals(model, cfg, batch, which, generator)
     x, target, starts, frames = make_batch(model, cfg, batch, residuals=residuals)
     with torch.set_grad_enabled(torch.is_grad_enabled() and not talker_frozen):
@@ -192,8 +238,13 @@ def loss_on(model: TTSModel, cfg: TTSConfig, batch: list[Example], dropout: floa
     picks = pick_frames(batch, cp_fraction, rng)
     if not picks:
         return l0, torch.zeros(())
-    cp_logits, codes = predictor_logits(model, h, starts, frames, picks, dropout)
-    return l0, F.cross_entropy(cp_logits.flatten(0, 1), codes[:, 1:].flatten())
+    if books is None:
+        cp_logits, codes = predictor_logits(model, h, starts, frames, picks, dropout)
+        return l0, F.cross_entropy(cp_logits.flatten(0, 1), codes[:, 1:].flatten())
+    read = with_residuals(frames, starts, residuals)
+    cp_logits, codes = predictor_logits(model, h, starts, frames, picks, dropout, prefix=read)
+    bi, ki = picked_rows(picks, starts, h.device)
+    return l0, excess_distortion(cp_logits, codes, read[bi, ki], books)
 
 
 def load_examples(data_dir: Path, split: str, tokenize, max_frames: int = 200,
@@ -282,7 +333,8 @@ def export(model: TTSModel, cfg_dict: dict, tok_dir: Path, codec_dir: Path, out:
     return out
 
 
-BEST_BY = "l0s+lcp"  # what state.pt's "best" measures
+BEST_BY = "l0s+lcp"  # what state.pt's "best" measures (with the distortion objective: "l0s+distortion")
+OBJECTIVES = ("ce", "distortion")  # the codes 1..15 loss: cross-entropy, or `excess_distortion`
 HELD_OUT_SENTENCES = range(400, 500)  # test sentences for the held-out loss; WER reports use the first 100-300
 
 
@@ -290,7 +342,7 @@ def train(data_dir: str, out_dir: str, steps: int = 20000, batch: int = 16, lr: 
           dropout: float = 0.1, cp_fraction: float = 0.25, save_every: int = 500, seed: int = 0,
           threads: int | None = None, size: str = "small", device: str | None = None, log=print,
           part: str = "all", init: str | None = None, predictor_layers: int | None = None,
-          minutes: float | None = None, extra: bool = True, sampled: float = 0.0) -> Path:
+          minutes: float | None = None, extra: bool = True, sampled: float = 0.0, objective: str = "ce") -> Path:
     """Train (or resume) the demo model on `device` (default: CUDA when present, else CPU); returns the export.
 
     Data: `train.pt`, plus `extra.pt` (build-data --extra) when present and `extra`. The held-out loss is
@@ -312,9 +364,14 @@ def train(data_dir: str, out_dir: str, steps: int = 20000, batch: int = 16, lr: 
 
     `sampled` is the share of training examples whose talker input carries codes 1..15 drawn by the model's own
     predictor (`loss_on`). The held-out loss is reported both ways (`l0` true codes 1..15, `l0s` sampled, as at
-    inference); `best/` is chosen by l0s + lcp."""
+    inference); `best/` is chosen by l0s + lcp.
+
+    `objective="distortion"` trains codes 1..15 by `excess_distortion` (on policy, the predictor reading its own
+    draws) instead of cross-entropy; `lcp` then reports that loss."""
     if part not in ("all", "predictor"):
         raise ValueError(f"part must be 'all' or 'predictor', got {part!r}")
+    if objective not in OBJECTIVES:
+        raise ValueError(f"objective must be one of {OBJECTIVES}, got {objective!r}")
     from leapvox.models.tokenizer import TextTokenizer
 
     if threads:
@@ -344,6 +401,11 @@ def train(data_dir: str, out_dir: str, steps: int = 20000, batch: int = 16, lr: 
     torch.manual_seed(seed)
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     model = TTSModel(cfg.talker).to(device)
+    books = None
+    if objective == "distortion":
+        from .codec_fit import load_codec
+
+        books = [b.detach().to(device) for b in load_codec(data / "speech_tokenizer").codebooks]
     examples = [e for name in splits for e in load_examples(data, name, tokenizer)]
     held_out = (load_examples(data, "test", tokenizer, sentences=HELD_OUT_SENTENCES)
                 or load_examples(data, "test", tokenizer)[:64])  # a small test split (trials): its first utterances
@@ -359,6 +421,7 @@ def train(data_dir: str, out_dir: str, steps: int = 20000, batch: int = 16, lr: 
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr, betas=(0.9, 0.98),
                             weight_decay=0.01, fused=device.type == "cuda")  # one kernel per step on a GPU
     step, best, elapsed, state = 0, math.inf, 0.0, out / "state.pt"
+    best_by = BEST_BY if objective == "ce" else "l0s+distortion"
     if init and not state.is_file():
         if init_dir:
             from safetensors.torch import load_file
@@ -374,7 +437,7 @@ def train(data_dir: str, out_dir: str, steps: int = 20000, batch: int = 16, lr: 
         opt.load_state_dict(s["opt"])
         step, elapsed = s["step"], s.get("elapsed", 0.0)
         # runs saved before best/ was chosen by l0s + lcp kept l0 + lcp, a different scale: start that over
-        best = s.get("best", math.inf) if s.get("best_by") == BEST_BY else math.inf
+        best = s.get("best", math.inf) if s.get("best_by") == best_by else math.inf
         log(f"resumed at step {step}")
     rng = random.Random(seed + step)
     gen = torch.Generator(device).manual_seed(seed + step)
@@ -399,7 +462,8 @@ def train(data_dir: str, out_dir: str, steps: int = 20000, batch: int = 16, lr: 
         cap = curriculum_cap(step, batch)
         allowed = [b for b, n in zip(buckets, longest, strict=True) if n <= cap] or buckets
         with autocast:
-            l0, lcp = loss_on(model, cfg, rng.choice(allowed), dropout, cp_fraction, rng, frozen, sampled, gen)
+            l0, lcp = loss_on(model, cfg, rng.choice(allowed), dropout, cp_fraction, rng, frozen, sampled, gen,
+                              books)
         opt.zero_grad()
         (lcp if frozen else l0 + lcp).backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -413,8 +477,11 @@ def train(data_dir: str, out_dir: str, steps: int = 20000, batch: int = 16, lr: 
             model.eval()
             with torch.no_grad(), autocast:
                 v0, vcp = (v.item() for v in loss_on(model, cfg, held_out, 0.0, 1.0, random.Random(0)))
-                v0s = loss_on(model, cfg, held_out, 0.0, 0.0, random.Random(0), sampled=1.0,
-                              generator=torch.Generator(device).manual_seed(0))[0].item()
+                v0s, vdist = (v.item() for v in loss_on(model, cfg, held_out, 0.0, 1.0 if books else 0.0,
+                                                        random.Random(0), sampled=1.0, books=books,
+                                                        generator=torch.Generator(device).manual_seed(0)))
+                if books is not None:  # report the objective's loss (on the same draws as l0s)
+                    vcp = vdist
             meta = {"step": step, "held_out_l0": round(v0, 4), "held_out_l0_sampled": round(v0s, 4),
                     "held_out_lcp": round(vcp, 4)}
             improved = v0s + vcp < best
@@ -422,7 +489,7 @@ def train(data_dir: str, out_dir: str, steps: int = 20000, batch: int = 16, lr: 
             log(f"step {step}  held-out l0 {v0:.3f}  l0s {v0s:.3f}  lcp {vcp:.3f}" + ("  (best)" if improved else ""))
             tmp = state.with_suffix(".part")
             torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": step, "best": best,
-                        "best_by": BEST_BY, "elapsed": time.time() - t_start}, tmp)
+                        "best_by": best_by, "elapsed": time.time() - t_start}, tmp)
             tmp.replace(state)
             export(model, cfg_dict, tok_dir, data / "speech_tokenizer", out / "export", meta)
             if improved:
