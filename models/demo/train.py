@@ -2,7 +2,8 @@
 
 Same networks (engine/talker.py) and the same non-streaming CustomVoice prompt as Qwen3-TTS; the text track
 carries espeak-ng IPA phonemes through a tiny byte-level BPE tokenizer in the Qwen2 file format. Teacher
-forcing: loss = CE(code 0, talker) + mean CE(codes 1..15, code predictor on a random 25 % of frames).
+forcing: loss = CE(code 0, talker) + mean CE(codes 1..15, code predictor on a random 25 % of frames), or with
+`objective="distortion"` the predictor's expected codec-space error instead of its CE (`excess_distortion`).
 Resumable: `state.pt` in the output folder holds model, optimizer and step; `export()` writes the official
 folder layout (config.json, model.safetensors, tokenizer files, speech_tokenizer/).
 """
@@ -480,13 +481,16 @@ def train(data_dir: str, out_dir: str, steps: int = 20000, batch: int = 16, lr: 
                 v0s, vdist = (v.item() for v in loss_on(model, cfg, held_out, 0.0, 1.0 if books else 0.0,
                                                         random.Random(0), sampled=1.0, books=books,
                                                         generator=torch.Generator(device).manual_seed(0)))
-                if books is not None:  # report the objective's loss (on the same draws as l0s)
-                    vcp = vdist
             meta = {"step": step, "held_out_l0": round(v0, 4), "held_out_l0_sampled": round(v0s, 4),
-                    "held_out_lcp": round(vcp, 4)}
+                    "held_out_lcp": round(vcp, 4), "predictor_objective": objective}
+            note = ""
+            if books is not None:  # lcp is the objective's loss (on the same draws as l0s); cross-entropy beside it
+                meta["held_out_lcp_ce"], meta["held_out_lcp"], vcp = meta["held_out_lcp"], round(vdist, 4), vdist
+                note = f"  (cross-entropy {meta['held_out_lcp_ce']:.3f})"
             improved = v0s + vcp < best
             best = min(best, v0s + vcp)
-            log(f"step {step}  held-out l0 {v0:.3f}  l0s {v0s:.3f}  lcp {vcp:.3f}" + ("  (best)" if improved else ""))
+            log(f"step {step}  held-out l0 {v0:.3f}  l0s {v0s:.3f}  lcp {vcp:.3f}{note}"
+                + ("  (best)" if improved else ""))
             tmp = state.with_suffix(".part")
             torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": step, "best": best,
                         "best_by": best_by, "elapsed": time.time() - t_start}, tmp)
