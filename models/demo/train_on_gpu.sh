@@ -6,8 +6,9 @@
 # PACK: `python -m leapvox.models.demo.pack --no-codec DATA PACK` (the codec is the bundled demo model's);
 # OUT: gets one log per run and each run's best export (lowest held-out loss; model.safetensors, config and
 # tokenizer files, no speech_tokenizer/) as a tar cut into pieces of at most 15 MB: RUN.tar.00, RUN.tar.01, ...
-# (reassemble with `cat RUN.tar.* | tar -x`). RUN: name:size:batch:lr:dropout[:sampled] (default: two runs, below;
-# sampled = --sampled-residuals, default 0).
+# (reassemble with `cat RUN.tar.* | tar -x`). RUN: name:size:batch:lr:dropout[:sampled[:objective]] (default: two
+# runs, below; sampled = --sampled-residuals, default 0; objective = --predictor-objective, ce or distortion,
+# default ce).
 # Needs torch with CUDA, safetensors, transformers; leapvox is imported from this checkout (no install).
 # DEVICE=cpu runs the same on the CPU (a dry run of the script); INIT=FOLDER starts every run from that model
 # folder (e.g. models/assets/demo: its config and tokenizer too, so the size field is then ignored).
@@ -44,10 +45,10 @@ with tempfile.TemporaryDirectory() as d:
 EOF
 pids=()
 for r in "${runs[@]}"; do
-  IFS=: read -r name size batch lr dropout sampled <<<"$r"
+  IFS=: read -r name size batch lr dropout sampled objective <<<"$r"
   python3 -m leapvox.app.cli demo train --data "$work/data" --out "$work/$name" --size "$size" --batch "$batch" \
     --lr "$lr" --dropout "$dropout" --cp-fraction 1.0 --steps 1000000 --minutes "$minutes" --save-every 400 \
-    --sampled-residuals "${sampled:-0}" --threads 4 --device "$device" ${INIT:+--init "$INIT"} >"$out/$name.log" 2>&1 &
+    --sampled-residuals "${sampled:-0}" --predictor-objective "${objective:-ce}" --threads 4 --device "$device" ${INIT:+--init "$INIT"} >"$out/$name.log" 2>&1 &
   pids+=($!)
 done
 status=0
