@@ -318,3 +318,18 @@ def test_distortion_objective_trains_only_the_predictor_and_reports_its_loss(tmp
     shipped, after = load_file(str(DEMO_DIR / "model.safetensors")), state["model"]
     moved = {k for k in shipped if not torch.equal(shipped[k].float(), after[k])}
     assert moved and all(k.startswith("talker.code_predictor.") and ".codec_embedding." not in k for k in moved)
+
+
+def test_excess_distortion_is_computed_in_fp32_under_autocast():
+    """Under bf16 autocast (the CUDA recipe) the costs must not be rounded to bf16: energies in the hundreds differ
+    by less than bf16 resolves there."""
+    from leapvox.models.demo.train import excess_distortion
+
+    g = torch.Generator().manual_seed(0)
+    books = [torch.randn(32, 8, generator=g) * 10 for _ in range(4)]
+    codes = torch.randint(0, 32, (64, 4), generator=g)
+    logits = torch.randn(64, 3, 32, generator=g)
+    plain = excess_distortion(logits, codes, codes, books)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        under = excess_distortion(logits, codes, codes, books)
+    assert under.dtype == torch.float32 and torch.allclose(under, plain, rtol=1e-6, atol=0)

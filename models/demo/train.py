@@ -168,20 +168,23 @@ def excess_distortion(logits: torch.Tensor, codes: torch.Tensor, prefix: torch.T
     Cross-entropy on the true codes makes the predictor's distribution the data's: sampled where it is unsure,
     it adds codewords unrelated to the frame (measured: scored from the talker teacher-forced, the predictor's
     codes 2..15 raise the codec-space error above leaving them out). Here being unsure costs what the codeword
-    costs, so the distribution moves to the codewords that are cheap whatever the frame holds."""
-    z = sum(books[g][codes[:, g]] for g in range(len(books)))  # [M, D]
-    acc = books[0][codes[:, 0]]
-    total = logits.new_zeros(())
-    for g in range(1, len(books)):
-        r = (z - acc).float()  # [M, D]
-        book = books[g].float()
-        d = (r * r).sum(1, keepdim=True) - 2 * r @ book.t() + (book * book).sum(1)  # [M, K]
-        p = torch.softmax(logits[:, g - 1].float(), -1)
-        excess = (p * d).sum(1) - d.min(1).values
-        total = total + excess.mean() / (r * r).sum(1).mean().clamp_min(1e-6)
-        if g < len(books) - 1:
-            acc = acc + books[g][prefix[:, g]]
-    return total / (len(books) - 1)
+    costs, so the distribution moves to the codewords that are cheap whatever the frame holds.
+
+    In fp32 even under autocast: the costs are differences of energies in the hundreds, which bf16 would blur."""
+    with torch.autocast(logits.device.type, enabled=False):
+        books = [b.float() for b in books]
+        z = sum(books[g][codes[:, g]] for g in range(len(books)))  # [M, D]
+        acc = books[0][codes[:, 0]]
+        total = logits.new_zeros((), dtype=torch.float32)
+        for g in range(1, len(books)):
+            r = z - acc  # [M, D]
+            d = (r * r).sum(1, keepdim=True) - 2 * r @ books[g].t() + (books[g] * books[g]).sum(1)  # [M, K]
+            p = torch.softmax(logits[:, g - 1].float(), -1)
+            excess = (p * d).sum(1) - d.min(1).values
+            total = total + excess.mean() / (r * r).sum(1).mean().clamp_min(1e-6)
+            if g < len(books) - 1:
+                acc = acc + books[g][prefix[:, g]]
+        return total / (len(books) - 1)
 
 
 # The exported generation_config's sampling for codes 1..15, which the talker meets at inference.
