@@ -76,3 +76,26 @@ def test_demo_streams_like_the_tui_and_play_do():
     chunks = list(stream_speech(m.synthesizer(), "Hello there. How are you today?", replace(m.defaults, seed=2)))
     audio = np.concatenate([c.audio for c in chunks])
     assert len(chunks) >= 2 and len(audio) > 24000 // 2 and np.isfinite(audio).all()
+
+
+def test_demo_ships_trained_spec_offsets_and_spec_stays_exact(tmp_path, monkeypatch):
+    """The bundle's leapvox_offsets.safetensors is what spec mode drafts with (no zero-offsets notice), and with it
+    greedy spec still equals greedy ar token for token (verification never sees the offsets)."""
+    import torch
+
+    from leapvox.models.checkpoint import load_model
+    from leapvox.models.spec_assets import BESIDE, load_offsets
+
+    monkeypatch.setenv("LEAPVOX_HOME", str(tmp_path))  # nothing from the data folder: only what ships
+    m = load_model(DEMO_DIR, "fp32")
+    offsets, path = load_offsets(DEMO_DIR, m.tts.talker.code_predictor.cfg.hidden_size)
+    assert path == DEMO_DIR / BESIDE and offsets.shape == (3, m.tts.talker.code_predictor.cfg.hidden_size)
+    assert offsets.abs().sum() > 0  # trained, not the zero baseline
+    synth = m.synthesizer()
+    assert synth.spec.offsets is not None
+    opts = replace(m.defaults, max_frames=30).greedy()
+    ar, _, _ = synth.generate_codes("The quick brown fox.", opts)
+    sp, stats, warnings = synth.generate_codes("The quick brown fox.", replace(opts, mode="spec"))
+    assert torch.equal(sp, ar)
+    assert not any("zero offsets" in w for w in warnings)
+    assert stats.spec.tokens == 15 * len(sp) and stats.spec.calls < stats.spec.tokens  # it drafted ahead
