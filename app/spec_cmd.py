@@ -203,7 +203,7 @@ def cmd_train_offsets(args) -> int:
 
 def cmd_calibrate_tree(args) -> int:
     from leapvox.models.spec_assets import load_offsets, save_tree, tree_path
-    from leapvox.models.spec_recipes import expected_accepted, grow_tree, rank_acceptance, verify_over_ar
+    from leapvox.models.spec_recipes import expected_tokens_per_call, grow_tree, rank_acceptance, verify_over_ar
 
     from .coreml_cmd import calibration_backend
 
@@ -225,9 +225,9 @@ def cmd_calibrate_tree(args) -> int:
         ane = profile_verify(model.tts.talker, trees, offsets, args.compute_units, say=_say)
     for tree in trees:
         ratio = ane[tree.size]["verify_over_ar"] if ane else verify_over_ar(cp, tree.size)
-        gain = (1 + expected_accepted(tree, acc)) / ratio
-        results.append({"N": tree.size, "expected_tokens_per_call": 1 + expected_accepted(tree, acc),
-                         "verify_over_ar_cost": ratio, "speedup_estimate": gain, "paths": tree.paths()[1:]})
+        tokens = expected_tokens_per_call(tree, acc, cp.num_heads)
+        results.append({"N": tree.size, "expected_tokens_per_call": tokens, "speedup_estimate": tokens / ratio,
+                         "verify_over_ar_cost": ratio, "paths": tree.paths()[1:]})
     print(f"{'N':>3} {'E[tok/call]':>11} {'verify/ar':>9} {'est. speedup':>12}")
     for r in results:
         print(f"{r['N']:3d} {r['expected_tokens_per_call']:11.3f} {r['verify_over_ar_cost']:9.2f} "

@@ -941,9 +941,10 @@ def ratios(result: dict) -> dict:
 def tree_speedup(result: dict, acceptance: list[list[float]] | None = None) -> dict:
     """Per weight format and tree size N: the verify call's cost over an ar call, and (with a rank-acceptance table
     from `leapvox calibrate-tree`, acceptance[depth][rank]) the expected tokens per call of the greedy tree of N
-    nodes and the resulting inner-loop speedup over ar, tokens per call / cost (the paper's Fig. 4 for this CPU).
-    Random weights say nothing about acceptance, so without a table only the cost side is filled."""
-    from .spec_recipes import expected_accepted, grow_tree
+    nodes over whole 15-code frames and the resulting inner-loop speedup over ar, tokens per call / cost (the
+    paper's Fig. 4 for this CPU). Random weights say nothing about acceptance, so without a table only the cost
+    side is filled."""
+    from .spec_recipes import expected_tokens_per_call, grow_tree
 
     out = {}
     for w, rec in result["formats"].items():
@@ -952,7 +953,7 @@ def tree_speedup(result: dict, acceptance: list[list[float]] | None = None) -> d
         for n in TREE_SIZES:
             row = {"cost": rec["verify"][str(n)]["min_ms"] / ar}
             if acceptance:
-                row["tokens_per_call"] = 1 + expected_accepted(grow_tree(acceptance, n), acceptance)
+                row["tokens_per_call"] = expected_tokens_per_call(grow_tree(acceptance, n), acceptance)
                 row["speedup"] = row["tokens_per_call"] / row["cost"]
             rows[str(n)] = row
         out[w] = rows

@@ -213,11 +213,32 @@ def grow_tree(acceptance: list[list[float]], size: int) -> DraftTree:
 
 
 def expected_accepted(tree: DraftTree, acceptance: list[list[float]]) -> float:
-    total, probs = 0.0, [1.0]
+    """Expected accepted drafts of one unconstrained verify call: the sum over nodes of P(its path is accepted)."""
+    return sum(_accepted_at_depth(tree, acceptance)[1:])
+
+
+def _accepted_at_depth(tree: DraftTree, acceptance: list[list[float]]) -> list[float]:
+    """P(the accepted path reaches depth j), j = 0..max depth: the sum over the depth-j nodes of their path's
+    product of rank acceptances (one path is accepted, so the nodes of one depth are exclusive outcomes)."""
+    reach, at = [1.0], [1.0] + [0.0] * tree.max_depth
     for i in range(1, len(tree.parent)):
-        probs.append(probs[tree.parent[i]] * acceptance[tree.depth[i] - 1][tree.rank[i]])
-        total += probs[-1]
-    return total
+        reach.append(reach[tree.parent[i]] * acceptance[tree.depth[i] - 1][tree.rank[i]])
+        at[tree.depth[i]] += reach[-1]
+    return at
+
+
+def expected_tokens_per_call(tree: DraftTree, acceptance: list[list[float]], codes: int = 15) -> float:
+    """Expected codes per code-predictor call over whole frames of `codes` residual codes, as spec_frame runs them:
+    the first call samples code 1 alone; each verify call with r codes left drafts from the tree cut to depth r
+    and yields its accepted drafts plus one sampled code (none when the drafts finish the frame). So a depth-3
+    tree gives at most 15 / 5 = 3 per call on a 15-code frame, not the 4 of a call in isolation."""
+    at = _accepted_at_depth(tree, acceptance)
+    calls = [0.0] * codes  # calls[r]: expected verify calls to finish r remaining codes
+    for r in range(1, codes):
+        d = min(tree.max_depth, r)
+        ge = at[: d + 1] + [0.0]  # P(accepted >= a), a = 0..d, then 0
+        calls[r] = 1.0 + sum((ge[a] - ge[a + 1]) * calls[r - min(a + 1, r)] for a in range(d + 1))
+    return codes / (1.0 + calls[codes - 1])
 
 
 @torch.inference_mode()

@@ -19,6 +19,43 @@ def test_grow_tree_follows_acceptance_and_expected_length_grows():
     assert abs(R.expected_accepted(DraftTree.from_paths([(0, 0)]), acc) - (0.6 + 0.3)) < 1e-9
 
 
+def test_expected_tokens_per_call_follows_the_frame_loop():
+    """The estimate calibrate-tree ranks trees by equals what spec_frame yields when every verify call's accepted
+    path follows the same acceptance model: simulated over many frames with the real per-frame loop."""
+    import random
+
+    from leapvox.engine.spec import SpecStats, spec_frame
+
+    chain = DraftTree.from_paths([(0, 0, 0)])
+    assert R.expected_tokens_per_call(chain, [[1.0], [1.0], [1.0]]) == 3.0  # 1 + 4 + 4 + 4 + 2 codes in 5 calls
+    assert R.expected_tokens_per_call(chain, [[0.0], [0.0], [0.0]]) == 1.0
+    acc = [[0.7, 0.15, 0.05], [0.8, 0.1], [0.85, 0.05]]
+    tree = DraftTree.from_paths([(0, 0, 0), (1, 0), (2,), (0, 1)])
+    rng, n = random.Random(0), 15
+
+    def call(k, tok):
+        t = tree.pruned(min(tree.max_depth, n - k))
+        node, path = 0, []
+        while True:
+            d = t.depth[node]
+            if d >= t.max_depth:
+                break
+            choice = rng.choices(range(len(acc[d]) + 1), weights=[*acc[d], 1 - sum(acc[d])])[0]
+            nxt = [i for i in range(1, len(t.parent)) if t.parent[i] == node and t.rank[i] == choice]
+            if not nxt:
+                break
+            node = nxt[0]
+            path.append(0)
+        return path, (None if k + len(path) == n else 0)
+
+    stats = SpecStats()
+    for _ in range(20000):
+        assert len(spec_frame(0, n, stats, call)) == n
+    expected = R.expected_tokens_per_call(tree, acc, n)
+    assert abs(stats.tokens_per_call - expected) < 0.02, (stats.tokens_per_call, expected)
+    assert expected < 1 + R.expected_accepted(tree, acc)  # a call in isolation overstates it
+
+
 def test_offset_training_lowers_its_loss_on_frozen_model():
     m = load_model(FIXTURES / "tiny-0b6")
     s = m.synthesizer()
