@@ -47,7 +47,8 @@ def add_commands(sub) -> None:
     p.add_argument("--true-codes", type=int, default=0, metavar="K",
                    help="with --what predictor: keep the true codes 1..K as well, so only codes K+1..15 are the "
                         "predictor's (default 0); shows which residual groups a gap sits in")
-    p.add_argument("--mode", action="append", choices=MODES, help="decoding mode(s) for --model (default ar)")
+    p.add_argument("--mode", action="append", choices=[*MODES, "none"],
+                   help="decoding mode(s) for --model (default ar); none: no synthesis, only --what predictor")
     p.add_argument("--window", type=int, help="windowed mode's window (default: the model's)")
     p.add_argument("--weights", help="weight format for --model where supported (e.g. fp32, bf16, int8)")
     p.add_argument("--temperature", type=float, help="sampling temperature for all codes (default: the model's)")
@@ -176,6 +177,13 @@ def cmd_wer(args) -> int:
     if args.true_codes and "predictor" not in wanted:
         print("leapvox: --true-codes applies to the predictor diagnostic (hint: add --what predictor)", file=sys.stderr)
         return 2
+    modes = args.mode or ["ar"]
+    if "none" in modes:
+        if len(modes) > 1 or "predictor" not in wanted:
+            print("leapvox: --mode none skips the models' synthesis, so it goes alone and with --what predictor "
+                  "(hint: --what predictor --mode none)", file=sys.stderr)
+            return 2
+        modes = []
     torch.set_num_threads(1)
     split = torch.load(args.data / "test.pt")
     texts = split["text"][: args.n]
@@ -191,7 +199,7 @@ def cmd_wer(args) -> int:
             print(f"leapvox: unknown --what {what!r} (espeak, codec, predictor)", file=sys.stderr)
             return 2
         report[what] = results[what].summary()
-    if args.model:
+    if args.model and modes:
         ref_frames = quality.canonical_frames(split, len(texts))
     for name in args.model:
         loaded = _load_for_wer(name, args.weights)
@@ -203,7 +211,7 @@ def cmd_wer(args) -> int:
                 codes = quality.teacher_forced_codes(loaded, split, len(texts), defaults.predictor, args.true_codes)
                 results[key] = quality.score_codes(texts, codes, loaded.codec, args.workers)
             report[key] = results[key].summary()
-        for mode in args.mode or ["ar"]:
+        for mode in modes:
             key = f"{name}:{mode}" + (f":w{args.window}" if mode == "windowed" and args.window else "")
             opts = _sampling(replace(loaded.defaults, mode=mode, window=args.window or loaded.defaults.window), args)
             results[key], extra = quality.score_model(texts, synth, opts, ref_frames, args.workers)

@@ -189,3 +189,50 @@ def test_demo_wer_true_codes_misuse_is_a_one_line_error(tmp_path, capsys):
     assert code == 2 and "--true-codes 16 is out of range" in one_line_error(err)
     code, out, err = run(capsys, "demo", "wer", "--data", str(tmp_path), "--what", "codec", "--true-codes", "3")
     assert code == 2 and "hint: add --what predictor" in one_line_error(err)
+
+
+def test_demo_wer_mode_none_runs_only_the_predictor_diagnostic(tmp_path, capsys, monkeypatch):
+    """--mode none: the predictor diagnostic without the model's own synthesis (which would double the run)."""
+    import numpy as np
+    import torch
+
+    from leapvox.app import demo_cmd
+    from leapvox.models.demo import quality
+
+    code, out, err = run(capsys, "demo", "wer", "--data", str(tmp_path), "--what", "codec", "--mode", "none")
+    assert code == 2 and "hint: --what predictor --mode none" in one_line_error(err)
+    code, out, err = run(capsys, "demo", "wer", "--data", str(tmp_path), "--what", "predictor", "--model", "demo",
+                         "--mode", "none", "--mode", "ar")
+    assert code == 2 and "--mode none" in one_line_error(err)
+
+    torch.save({"text": ["one two", "three four"]}, tmp_path / "test.pt")
+    scored = []
+
+    class Loaded:
+        defaults = codec = None  # _sampling is replaced below
+
+        def synthesizer(self):
+            return None
+
+    def fake_codes(loaded, split, n, params, true_codes):
+        return [torch.zeros(3, 16, dtype=torch.long)] * n
+
+    def fake_score(texts, codes, codec, workers):
+        scored.append(len(codes))
+        n = len(texts)
+        return quality.WerResult(list(texts), list(texts), np.zeros(n, dtype=int), np.full(n, 2), (0, 0, 0))
+
+    def no_synthesis(*a, **k):
+        raise AssertionError("--mode none must not synthesise")
+
+    monkeypatch.setattr(demo_cmd, "_load_for_wer", lambda name, weights: Loaded())
+    monkeypatch.setattr(demo_cmd, "_sampling", lambda opts, args: type("O", (), {"predictor": None})())
+    monkeypatch.setattr(quality, "teacher_forced_codes", fake_codes)
+    monkeypatch.setattr(quality, "score_codes", fake_score)
+    monkeypatch.setattr(quality, "score_model", no_synthesis)
+    monkeypatch.setattr(quality, "canonical_frames", no_synthesis)
+    code, out, err = run(capsys, "demo", "wer", "--data", str(tmp_path), "--what", "predictor", "--model", "demo",
+                         "--mode", "none")
+    assert code == 0, err
+    report = json.loads(out)
+    assert scored == [2] and "demo:predictor" in report and not any(k.startswith("demo:ar") for k in report)
