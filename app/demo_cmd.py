@@ -41,7 +41,8 @@ def add_commands(sub) -> None:
     p.add_argument("-n", type=int, default=300, help="test sentences to score (default 300)")
     p.add_argument("--what", default="espeak,codec",
                    help="comma list of: espeak, codec, and predictor (each --model's codes 1..15 over the true "
-                        "code 0, talker teacher-forced) (default espeak,codec)")
+                        "code 0, talker teacher-forced; with the demo codec also the codec-space error after each "
+                        "code) (default espeak,codec)")
     p.add_argument("--model", action="append", default=[],
                    help="also score this model's synthesis (repeatable; sentence i sampled with seed i)")
     p.add_argument("--true-codes", type=int, default=0, metavar="K",
@@ -211,6 +212,9 @@ def cmd_wer(args) -> int:
                 codes = quality.teacher_forced_codes(loaded, split, len(texts), defaults.predictor, args.true_codes)
                 results[key] = quality.score_codes(texts, codes, loaded.codec, args.workers)
             report[key] = results[key].summary()
+            distortion = quality.codec_space_error(codes, split, loaded.codec)
+            if distortion:
+                report[key]["codec_space_error"] = distortion
         for mode in modes:
             key = f"{name}:{mode}" + (f":w{args.window}" if mode == "windowed" and args.window else "")
             opts = _sampling(replace(loaded.defaults, mode=mode, window=args.window or loaded.defaults.window), args)

@@ -238,6 +238,29 @@ def teacher_forced_codes(loaded, split: dict, n: int, params=None, true_codes: i
     return out
 
 
+def codec_space_error(codes: list[torch.Tensor], split: dict, codec) -> dict | None:
+    """Where each residual code moves a frame, for `codes` from teacher_forced_codes (the same sentences): the mean
+    squared distance, summed over the codec's PCA dimensions, between each frame's true codeword sum and its true
+    code 0's codeword plus the codewords of `codes`' codes 1..k, for k = 0..15; and how often code k equals the
+    rendition's own. A code whose codeword is unrelated to the frame raises the error. None for a codec without
+    codebooks in one space (the 12 Hz Qwen codec)."""
+    books = getattr(codec, "codebooks", None)
+    if books is None:
+        return None
+    books = [b.detach().float() for b in books]
+    true = torch.cat([split["codes"][split["offsets"][u] : split["offsets"][u + 1]].long()
+                      for u in canonical_utterances(split, len(codes))])
+    pred = torch.cat(codes)
+    target = sum(books[q][true[:, q]] for q in range(len(books)))
+    acc = books[0][true[:, 0]]
+    errors = [float(((target - acc) ** 2).sum(1).mean())]
+    for q in range(1, len(books)):
+        acc = acc + books[q][pred[:, q]]
+        errors.append(float(((target - acc) ** 2).sum(1).mean()))
+    return {"frames": len(true), "error_after_code": [round(e, 2) for e in errors],
+            "match": [round(float((pred[:, q] == true[:, q]).float().mean()), 3) for q in range(1, len(books))]}
+
+
 def score_codes(texts: list[str], codes: list[torch.Tensor], codec, workers: int = 2) -> WerResult:
     """Decode stored codes [T, 16] (e.g. the dataset's, or a model's output) and score them."""
     return score_audio(texts, lambda t, i: (codec(codes[i].long().t()[None])[0, 0].numpy(), 24000), workers)
