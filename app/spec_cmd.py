@@ -52,6 +52,9 @@ def add_commands(sub) -> None:
     t.add_argument("--variants", default=",".join(VARIANTS), help="comma list of objectives to train: ce, kl, tv, "
                    "each optionally with -pp (per-position offsets); default all")
     t.add_argument("--steps", type=int, default=400, help="Adam steps per variant (default 400)")
+    t.add_argument("--depth", type=int, default=3,
+                   help="draft depth K: offsets for codes k+1..k+K (default 3, the paper's); spec mode's default tree "
+                        "then drafts this deep")
     t.add_argument("--json", type=Path, help="also write the per-variant acceptance table here")
     t.set_defaults(func=cmd_train_offsets)
 
@@ -133,7 +136,7 @@ def _data_frames(model, path: Path, utterances: int):
 def cmd_train_offsets(args) -> int:
     import numpy as np
 
-    from leapvox.engine.spec import DEFAULT_TREE, SpecDecoder
+    from leapvox.engine.spec import SpecDecoder, default_tree
     from leapvox.models.spec_assets import offsets_path, save_offsets
     from leapvox.models.spec_recipes import acceptance_rate, run_spec, self_sampled, train_offsets
     from leapvox.models.stats import paired_ratio_delta, ratio_ci
@@ -142,6 +145,10 @@ def cmd_train_offsets(args) -> int:
     if not names or any(v not in VARIANTS for v in names):
         _say(f"leapvox: error: --variants takes a comma list of {', '.join(VARIANTS)}")
         return 2
+    if not 1 <= args.depth <= 14:
+        _say(f"leapvox: error: --depth {args.depth} is outside 1..14 (hint: 3 is the paper's K)")
+        return 2
+    tree = default_tree(args.depth)
     folder, model = _load(args)
     cp = model.tts.talker.code_predictor
     params = model.defaults.predictor
@@ -160,13 +167,13 @@ def cmd_train_offsets(args) -> int:
     for name in names:
         kind, per_position = name.split("-")[0], name.endswith("-pp")
         t0 = time.perf_counter()
-        variants[name] = train_offsets(cp, train, kind=kind, per_position=per_position, steps=args.steps,
-                                       params=params)
+        variants[name] = train_offsets(cp, train, depth=args.depth, kind=kind, per_position=per_position,
+                                       steps=args.steps, params=params)
         _say(f"trained {name} in {time.perf_counter() - t0:.0f} s")
     rows, runs, alphas = {}, {}, {}
     for name, b in variants.items():
-        runs[name] = run_spec(cp, held, SpecDecoder(DEFAULT_TREE, b), params)
-        alphas[name] = acceptance_rate(cp, held_prefixes, b, DEFAULT_TREE.max_depth, params)  # [N, K]
+        runs[name] = run_spec(cp, held, SpecDecoder(tree, b), params)
+        alphas[name] = acceptance_rate(cp, held_prefixes, b, args.depth, params)  # [N, K]
         r, a = runs[name], alphas[name]
         rows[name] = {"tokens_per_call": round(r.tokens_per_call, 4),
                       "acceptance_per_depth": [round(v, 4) for v in r.per_depth],
@@ -178,7 +185,7 @@ def cmd_train_offsets(args) -> int:
             lo, hi = ratio_ci(d, np.ones_like(d))
             rows[name]["vs_zero_exact_acceptance"] = {"delta": round(float(d.mean()), 4),
                                                       "ci95": [round(lo, 4), round(hi, 4)]}
-    print(f"{'offsets':<10} {'tok/call':>8} {'vs zero (95% CI)':>26}  {'exact draft acceptance d1/d2/d3':>32}"
+    print(f"{'offsets':<10} {'tok/call':>8} {'vs zero (95% CI)':>26}  {'exact draft acceptance per depth':>32}"
           f"  {'vs zero (95% CI)':>24}")
     for name, r in rows.items():
         tc, ea = r.get("vs_zero_tokens_per_call"), r.get("vs_zero_exact_acceptance")
@@ -190,12 +197,12 @@ def cmd_train_offsets(args) -> int:
     winners = [n for n in rows if n != "zero" and rows[n]["vs_zero_tokens_per_call"]["ci95"][0] > 0]
     best = max(winners, key=lambda n: rows[n]["tokens_per_call"], default=None)
     if best:
-        path = save_offsets(offsets_path(folder), variants[best], {"variant": best, **rows[best]})
+        path = save_offsets(offsets_path(folder), variants[best], {"variant": best, "depth": args.depth, **rows[best]})
         _say(f"kept {best}: {path}")
     else:
         _say("no trained variant beat zero offsets on the held-out frames beyond noise (paired 95% CI); nothing saved")
     if args.json:
-        out = {"held_out_frames": len(held.codes), "training_frames": len(train.codes),
+        out = {"held_out_frames": len(held.codes), "training_frames": len(train.codes), "depth": args.depth,
                "self_sampled": args.self_sampled, "variants": rows, "kept": best}
         args.json.write_text(json.dumps(out, indent=1))
     return 0
@@ -283,7 +290,7 @@ def cmd_bench_spec(args) -> int:
     folder, model = _load(args)
     cp = model.tts.talker.code_predictor
     offsets, opath = load_offsets(folder, cp.cfg.hidden_size)
-    tree, tpath = load_tree(folder)
+    tree, tpath = load_tree(folder, offsets=offsets)
     frames = _frames(model, args)
     out = {"model": str(folder), "frames": len(frames.codes), "offsets": str(opath), "tree": str(tpath), "rows": []}
     for name, b in (("zero offsets", None), ("trained offsets", offsets)):

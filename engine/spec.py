@@ -106,8 +106,15 @@ def chain(depth: int) -> DraftTree:
     return DraftTree.from_paths([(0,) * depth])
 
 
-# Used until a calibrated tree exists: 3 candidates at depth 1, top-1 chains below the best two.
-DEFAULT_TREE = DraftTree.from_paths([(0, 0, 0), (1, 0), (2,), (0, 1)])
+def default_tree(depth: int = 3) -> DraftTree:
+    """The tree used until a calibrated one exists: 3 candidates at depth 1, a second at depth 2, the top-1 chain
+    below the best candidate `depth` deep (as deep as the offsets draft) and one node below the second."""
+    if not 1 <= depth <= 14:
+        raise ValueError(f"draft depth {depth} is outside 1..14 (15 codes per frame, the first sampled alone)")
+    return DraftTree.from_paths([(0,) * depth, (1, 0), (2,), (0, 1)]).pruned(depth)
+
+
+DEFAULT_TREE = default_tree(3)
 
 
 @dataclass

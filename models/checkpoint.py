@@ -56,7 +56,7 @@ class LoadedModel:
         from .spec_assets import load_offsets, load_tree
 
         offsets, _ = load_offsets(self.path, self.tts.talker.code_predictor.cfg.hidden_size)
-        tree, _ = load_tree(self.path, backend, device)
+        tree, _ = load_tree(self.path, backend, device, offsets)
         return SpecDecoder(tree, offsets)
 
 

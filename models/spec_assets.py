@@ -1,7 +1,8 @@
 """Where spec-mode assets live and how they are read: trained offsets and calibrated draft trees.
 
 Offsets: `leapvox_offsets.safetensors` beside the checkpoint (a bundled model ships it there), else
-`<data>/offsets/<model key>.safetensors`. Trees: `<data>/trees/<model key>-<backend>-<device>.json`.
+`<data>/offsets/<model key>.safetensors`. Trees: `<data>/trees/<model key>-<backend>-<device>.json`, else the
+default tree, drafting as deep as the offsets do.
 The model key names the folder and hashes its resolved path (a Hugging Face snapshot path holds the commit).
 """
 
@@ -14,7 +15,7 @@ from pathlib import Path
 import torch
 
 from leapvox.engine.errors import CheckpointError
-from leapvox.engine.spec import DEFAULT_TREE, DraftTree
+from leapvox.engine.spec import DraftTree, default_tree
 
 BESIDE = "leapvox_offsets.safetensors"
 
@@ -77,10 +78,13 @@ def save_tree(path: Path, tree: DraftTree, meta: dict) -> Path:
     return path
 
 
-def load_tree(folder: Path, backend: str = "cpu", device: str = "cpu") -> tuple[DraftTree, Path | None]:
+def load_tree(folder: Path, backend: str = "cpu", device: str = "cpu",
+              offsets: torch.Tensor | None = None) -> tuple[DraftTree, Path | None]:
+    """The calibrated tree stored for (model, backend, device), else the default tree as deep as `offsets` draft
+    (the paper's 3 without offsets)."""
     path = tree_path(folder, backend, device)
     if not path.is_file():
-        return DEFAULT_TREE, None
+        return default_tree(3 if offsets is None else offsets.shape[-2]), None
     try:
         paths = json.loads(path.read_text())["paths"]
         return DraftTree.from_paths(tuple(p) for p in paths), path

@@ -79,8 +79,8 @@ def test_demo_streams_like_the_tui_and_play_do():
 
 
 def test_demo_ships_trained_spec_offsets_and_spec_stays_exact(tmp_path, monkeypatch):
-    """The bundle's leapvox_offsets.safetensors is what spec mode drafts with (no zero-offsets notice), and with it
-    greedy spec still equals greedy ar token for token (verification never sees the offsets)."""
+    """The bundle's leapvox_offsets.safetensors (7 drafts deep) is what spec mode drafts with (no zero-offsets
+    notice), and with it greedy spec still equals greedy ar token for token (verification never sees the offsets)."""
     import torch
 
     from leapvox.models.checkpoint import load_model
@@ -89,10 +89,11 @@ def test_demo_ships_trained_spec_offsets_and_spec_stays_exact(tmp_path, monkeypa
     monkeypatch.setenv("LEAPVOX_HOME", str(tmp_path))  # nothing from the data folder: only what ships
     m = load_model(DEMO_DIR, "fp32")
     offsets, path = load_offsets(DEMO_DIR, m.tts.talker.code_predictor.cfg.hidden_size)
-    assert path == DEMO_DIR / BESIDE and offsets.shape == (3, m.tts.talker.code_predictor.cfg.hidden_size)
+    assert path == DEMO_DIR / BESIDE and offsets.shape == (7, m.tts.talker.code_predictor.cfg.hidden_size)
     assert offsets.abs().sum() > 0  # trained, not the zero baseline
     synth = m.synthesizer()
     assert synth.spec.offsets is not None
+    assert synth.spec.tree.max_depth == synth.spec.depth == 7  # no calibrated tree: the default drafts 7 deep
     opts = replace(m.defaults, max_frames=30).greedy()
     ar, _, _ = synth.generate_codes("The quick brown fox.", opts)
     sp, stats, warnings = synth.generate_codes("The quick brown fox.", replace(opts, mode="spec"))

@@ -18,6 +18,7 @@ from leapvox.engine.spec import (
     SpecDecoder,
     accept_child,
     chain,
+    default_tree,
     predict_codes_spec,
     sample_without_replacement,
 )
@@ -31,6 +32,16 @@ def chi_square(counts: torch.Tensor, probs: torch.Tensor) -> float:
     keep = expected > 0
     assert counts[~keep].sum() == 0, "sampled an outcome of probability zero"
     return float(((counts[keep] - expected[keep]) ** 2 / expected[keep]).sum())
+
+
+def test_default_tree_drafts_as_deep_as_asked():
+    assert default_tree(3) == DEFAULT_TREE == DraftTree.from_paths([(0, 0, 0), (1, 0), (2,), (0, 1)])
+    assert default_tree(1).paths() == [(), (0,), (1,), (2,)]
+    deep = default_tree(7)
+    assert deep.max_depth == 7 and deep.size == 11 and (0,) * 7 in deep.paths() and (1, 0) in deep.paths()
+    for bad in (0, 15):
+        with pytest.raises(ValueError):
+            default_tree(bad)
 
 
 def test_tree_from_paths_orders_by_depth_and_masks_ancestors():
@@ -119,12 +130,14 @@ def test_spec_output_distribution_equals_ar(variant):
     assert spec.stats.tokens == 3 * n
 
 
-@pytest.mark.parametrize("tree", [DEFAULT_TREE, chain(3), chain(1), DraftTree.from_paths([(0, 0), (1, 1), (3, 0)])])
+@pytest.mark.parametrize("tree", [DEFAULT_TREE, chain(3), chain(1), DraftTree.from_paths([(0, 0), (1, 1), (3, 0)]),
+                                  default_tree(7), default_tree(14)])
 def test_greedy_spec_equals_greedy_ar(tree):
     cp = _tiny_predictor(vocab=32, groups=16, seed=3)
     g = torch.Generator().manual_seed(0)
     greedy = SamplingParams(do_sample=False)
-    spec = SpecDecoder(tree, torch.randn(3, 16, generator=g) * 0.5)
+    spec = SpecDecoder(tree, torch.randn(tree.max_depth, 16, generator=g) * 0.5)  # offsets as deep as the tree
+    assert spec.depth == tree.max_depth
     with torch.inference_mode():
         for _ in range(40):
             h, e = torch.randn(1, 1, 16, generator=g), torch.randn(1, 1, 16, generator=g)

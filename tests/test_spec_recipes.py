@@ -140,12 +140,28 @@ def test_train_offsets_command_reports_paired_intervals(tmp_path, monkeypatch, c
     monkeypatch.setenv("LEAPVOX_HOME", str(tmp_path / "home"))
     out = tmp_path / "offsets.json"
     argv = ["train-offsets", "--model", str(FIXTURES / "tiny-0b6"), "--weights", "fp32", "--utterances", "3",
-            "--variants", "tv,ce-pp", "--steps", "10", "--json", str(out)]
+            "--variants", "tv,ce-pp", "--steps", "10", "--depth", "5", "--json", str(out)]
     assert main(argv) == 0
     rec = json.loads(out.read_text())
-    assert set(rec["variants"]) == {"zero", "tv", "ce-pp"}
+    assert set(rec["variants"]) == {"zero", "tv", "ce-pp"} and rec["depth"] == 5
+    assert all(len(v["exact_draft_acceptance_per_depth"]) == 5 for v in rec["variants"].values())
     for name in ("tv", "ce-pp"):
         d = rec["variants"][name]["vs_zero_tokens_per_call"]
         assert d["ci95"][0] <= d["delta"] <= d["ci95"][1]
     assert "tok/call" in capsys.readouterr().out
     assert main(["train-offsets", "--model", str(FIXTURES / "tiny-0b6"), "--variants", "nope"]) == 2
+    assert main(["train-offsets", "--model", str(FIXTURES / "tiny-0b6"), "--depth", "15"]) == 2
+
+
+def test_default_tree_follows_the_offsets_depth_until_a_tree_is_calibrated(tmp_path, monkeypatch):
+    from leapvox.engine.spec import DEFAULT_TREE, chain, default_tree
+    from leapvox.models.spec_assets import load_tree, save_tree, tree_path
+
+    monkeypatch.setenv("LEAPVOX_HOME", str(tmp_path / "home"))
+    folder = tmp_path / "model"
+    folder.mkdir()
+    assert load_tree(folder) == (DEFAULT_TREE, None)  # no offsets: the paper's depth 3
+    assert load_tree(folder, offsets=torch.zeros(7, 16)) == (default_tree(7), None)
+    assert load_tree(folder, offsets=torch.zeros(15, 5, 16))[0] == default_tree(5)  # per-position offsets
+    path = save_tree(tree_path(folder), chain(2), {"N": 2})
+    assert load_tree(folder, offsets=torch.zeros(7, 16)) == (chain(2), path)  # a calibrated tree wins
