@@ -84,7 +84,7 @@ def load_tree(folder: Path, backend: str = "cpu", device: str = "cpu",
     (the paper's 3 without offsets)."""
     path = tree_path(folder, backend, device)
     if not path.is_file():
-        return default_tree(3 if offsets is None else offsets.shape[-2]), None
+        return default_tree(3 if offsets is None else max(1, min(offsets.shape[-2], 14))), None
     try:
         paths = json.loads(path.read_text())["paths"]
         return DraftTree.from_paths(tuple(p) for p in paths), path
