@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import io
+import os
+import struct
+import tempfile
 from pathlib import Path
 from typing import BinaryIO
 
 import numpy as np
 
+from leapvox.models.files import umask as _umask
 from leapvox.models.files import write_bytes_atomic
 
 
@@ -29,3 +33,74 @@ def write_wav_stream(out: BinaryIO, audio: np.ndarray, sample_rate: int) -> None
     """Write a whole WAV to a binary stream such as stdout."""
     out.write(wav_bytes(audio, sample_rate))
     out.flush()
+
+
+STREAMING_SIZE = 0xFFFFFFFF  # RIFF and data sizes of a WAV whose length is unknown when its header goes out
+
+
+def wav_header(sample_rate: int, n_samples: int | None = None) -> bytes:
+    """A 44-byte header of 16-bit mono PCM; `n_samples` None: a streaming header (sizes 0xFFFFFFFF, which
+    libsndfile, ffmpeg and browsers read to the end of the data)."""
+    data = STREAMING_SIZE if n_samples is None else 2 * n_samples
+    riff = STREAMING_SIZE if n_samples is None else 36 + data
+    fmt = struct.pack("<IHHIIHH", 16, 1, 1, sample_rate, 2 * sample_rate, 2, 16)
+    return b"RIFF" + struct.pack("<I", riff) + b"WAVE" + b"fmt " + fmt + b"data" + struct.pack("<I", data)
+
+
+def pcm16(audio: np.ndarray) -> bytes:
+    """float [-1, 1] -> little-endian 16-bit PCM, converted by libsndfile exactly as `wav_bytes` converts."""
+    import soundfile as sf
+
+    buf = io.BytesIO()
+    sf.write(buf, np.clip(audio, -1.0, 1.0), 24000, format="RAW", subtype="PCM_16", endian="LITTLE")
+    return buf.getvalue()
+
+
+class WavWriter:
+    """A WAV written as audio arrives, in bounded memory: to a file (a temp file beside it, renamed into place by
+    `close()`; `abort()` or an exception leaves the target untouched) or to a binary stream such as stdout (a
+    streaming header, patched with the real sizes when the stream can seek)."""
+
+    def __init__(self, target: str | Path | BinaryIO, sample_rate: int):
+        self.sample_rate, self.samples, self.path, self.tmp = sample_rate, 0, None, None
+        if isinstance(target, (str, Path)):
+            self.path = Path(target)
+            fd, tmp = tempfile.mkstemp(prefix=f".{self.path.name}.", suffix=".part", dir=self.path.parent)
+            self.tmp = Path(tmp)
+            os.chmod(fd, 0o666 & ~_umask())
+            self.out = os.fdopen(fd, "wb")
+        else:
+            self.out = target
+        self.out.write(wav_header(sample_rate))
+
+    def write(self, audio: np.ndarray) -> None:
+        if len(audio):
+            self.out.write(pcm16(audio))
+            self.samples += len(audio)
+
+    def close(self) -> Path | None:
+        """Finish the file: real sizes in the header, fsync, rename. Returns the path (None for a stream)."""
+        try:
+            if self.out.seekable():
+                self.out.seek(0)
+                self.out.write(wav_header(self.sample_rate, self.samples))
+                self.out.seek(0, os.SEEK_END)
+        except OSError:  # a pipe that claims to seek: the streaming header stays
+            pass
+        self.out.flush()
+        if self.path is None:
+            return None
+        try:
+            os.fsync(self.out.fileno())
+            self.out.close()
+            os.replace(self.tmp, self.path)
+        except BaseException:
+            self.abort()
+            raise
+        return self.path
+
+    def abort(self) -> None:
+        """Drop a file being written (the target is untouched); a stream is left as it is."""
+        if self.path is not None:
+            self.out.close()
+            self.tmp.unlink(missing_ok=True)

@@ -9,9 +9,9 @@ import json
 from dataclasses import replace
 from pathlib import Path
 
-import numpy as np
+from leapvox.engine.options import MODES
 
-from leapvox.engine.streaming import StreamStats, stream_speech
+from .common import UsageError, backend_args, load, model_args, tell
 
 COLUMNS = [  # (header, format of one row's value)
     ("mode", lambda s: s.mode),
@@ -24,22 +24,58 @@ COLUMNS = [  # (header, format of one row's value)
 ]
 
 
-def run_mode(synth, text: str, opts) -> tuple[np.ndarray, StreamStats]:
-    """Stream `text` in one mode; the audio and the final stats record."""
-    audio, stats = [], None
-    for chunk in stream_speech(synth, text, opts):
-        audio.append(chunk.audio)
-        stats = chunk.stats
-    return np.concatenate(audio), stats
+def add_commands(sub) -> None:
+    c = sub.add_parser(
+        "compare",
+        help="speak one text through every decoding mode; table, WAVs, JSON (and a plot)",
+        description=f"The same text, seed and speaker through each available mode ({', '.join(MODES)}). Prints "
+        "a table on stdout; writes MODE.wav, compare.json and (with matplotlib, pip install 'leapvox[plots]') "
+        "compare.png into --out.",
+    )
+    c.add_argument("text", help="text to speak")
+    model_args(c)
+    c.add_argument("--out", type=Path, default=Path("leapvox-compare"), help="output folder (./leapvox-compare)")
+    c.add_argument("--modes", help=f"comma-separated subset of: {', '.join(MODES)} (default: all)")
+    c.add_argument("--speaker", help="voice (default: the model's first)")
+    c.add_argument("--language", default="auto")
+    c.add_argument("--seed", type=int, default=0, help="random seed shared by all modes (default 0)")
+    c.add_argument("--max-frames", type=int, help="stop each sentence after N frames")
+    c.add_argument("--greedy", action="store_true", help="argmax instead of sampling")
+    backend_args(c)
+    c.set_defaults(func=cmd_compare)
+
+
+def cmd_compare(args) -> int:
+    modes = tuple(m.strip() for m in args.modes.split(",")) if args.modes else MODES
+    unknown = [m for m in modes if m not in MODES]
+    if unknown:
+        raise UsageError(f"unknown mode {unknown[0]!r}", hint=f"this build offers: {', '.join(MODES)}")
+    if not args.text.strip():
+        raise UsageError("the text is empty", hint="give some words to speak")
+    model = load(args)
+    if model.backend_name == "ane" and not args.modes and "windowed" in modes:
+        modes = tuple(m for m in modes if m != "windowed")
+        tell("the ane backend has no windowed mode (not exported): comparing " + ", ".join(modes))
+    opts = replace(model.defaults, seed=args.seed, language=args.language, speaker=args.speaker or None)
+    if args.max_frames is not None:
+        opts = replace(opts, max_frames=args.max_frames)
+    if args.greedy:
+        opts = opts.greedy()
+    record = compare(model, args.text.strip(), opts, modes, args.out)
+    print(record["table"])
+    wrote = [f"{m}.wav" for m in modes] + ["compare.json"] + ([record["plot"]] if record["plot"] else [])
+    tell(f"wrote {', '.join(wrote)} in {args.out}" +
+         ("" if record["plot"] else " (install matplotlib for a plot: pip install 'leapvox[plots]')"))
+    return 0
 
 
 def warm_up(synth, text: str, opts) -> None:
     """A two-frame run so that one-time costs (allocator, kernels) do not land on the first mode measured."""
-    for _ in stream_speech(synth, text[:40], replace(opts, max_frames=2)):
+    for _ in synth.stream(text[:40], replace(opts, max_frames=2)):
         pass
 
 
-def table(rows: list[StreamStats]) -> str:
+def table(rows: list) -> str:
     cells = [[h for h, _ in COLUMNS]] + [[fmt(s) for _, fmt in COLUMNS] for s in rows]
     widths = [max(len(r[i]) for r in cells) for i in range(len(COLUMNS))]
     lines = ["  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths, strict=True)))
@@ -47,7 +83,7 @@ def table(rows: list[StreamStats]) -> str:
     return "\n".join(lines)
 
 
-def plot(rows: list[StreamStats], path: Path) -> bool:
+def plot(rows: list, path: Path) -> bool:
     """A bar chart of xRT and first-audio time per mode; False when matplotlib is not installed."""
     try:
         import matplotlib
@@ -70,8 +106,9 @@ def plot(rows: list[StreamStats], path: Path) -> bool:
 
 def compare(model, text: str, opts, modes: tuple[str, ...], out_dir: Path) -> dict:
     """Run every mode, write the WAVs, JSON and plot; returns the JSON record."""
-    from leapvox.app.audio import write_wav
     from leapvox.models.files import write_text_atomic
+
+    from .audio import write_wav
 
     out_dir.mkdir(parents=True, exist_ok=True)
     synth = model.synthesizer()
@@ -79,8 +116,9 @@ def compare(model, text: str, opts, modes: tuple[str, ...], out_dir: Path) -> di
     rows, record = [], {"text": text, "model": str(model.path), "seed": opts.seed, "speaker": opts.speaker,
                         "language": opts.language, "modes": {}}
     for mode in modes:
-        audio, stats = run_mode(synth, text, replace(opts, mode=mode))
-        wav = write_wav(out_dir / f"{mode}.wav", audio, model.sample_rate)
+        result = synth.synthesize(text, replace(opts, mode=mode))
+        wav = write_wav(out_dir / f"{mode}.wav", result.audio, model.sample_rate)
+        stats = result.stats
         rows.append(stats)
         record["modes"][mode] = {**stats.as_dict(), "wav": wav.name}
     record["plot"] = "compare.png" if plot(rows, out_dir / "compare.png") else None

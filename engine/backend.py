@@ -2,13 +2,13 @@
 
 A backend runs the talker (prompt prefill, one decode step per frame) and the code predictor (codes 1..15 of a
 frame, plainly or with speculative verify calls). Everything else stays on the host and is shared: prompt and
-embedding lookups, sampling, the spec walk, stop rules and counters (`generate.frame_loop`).
+embedding lookups, sampling, the spec walk, stop rules and counters (`decode.frame_loop`).
 
-    setup(prefix, max_frames, spec, window) -> frame cap   allocate caches for one utterance
+    setup(prefix, max_frames, window) -> frame cap           allocate caches for one utterance (window: a ring)
     prefill(x) -> (hidden, logits)                           prompt rows [1, L, H]
     decode(x, k) -> (hidden, logits)                         frame row k [1, 1, H] at position L + k
     predict(h, c0_embed, params, generator) -> [1, 15]       codes 1..15, one predictor call per code (ar)
-    verify(h, c0_embed, params, generator, spec) -> [1, 15]  codes 1..15 with fused draft + verify calls (spec)
+    verify(h, c0_embed, params, generator, plan, stats)      codes 1..15 [1, 15] with fused draft + verify calls
     span(k), kv_bytes(k)                                     talker keys attended / KV bytes held after step k
     reset()                                                  drop the caches
 
@@ -20,11 +20,12 @@ from __future__ import annotations
 
 import torch
 
-from .generate import FullCache, predict_codes
+from . import coreml_runtime
+from .caches import FullCache, RingCache
+from .predictor import predict_codes
 from .sampling import SamplingParams
-from .spec import SpecDecoder, predict_codes_spec
+from .spec import DraftPlan, SpecStats, predict_codes_spec
 from .talker import Talker
-from .windowed import RingCache
 
 
 class TorchBackend:
@@ -37,8 +38,8 @@ class TorchBackend:
         self.talker = talker
         self.cache: FullCache | RingCache | None = None
 
-    def setup(self, prefix: int, max_frames: int, spec: SpecDecoder | None = None, window: int | None = None) -> int:
-        # the code predictor runs on its hot loop (predictor_loop), which keeps and sizes its own buffers
+    def setup(self, prefix: int, max_frames: int, window: int | None = None) -> int:
+        # the code predictor runs on its hot loop (predictor.PredictorLoop), which keeps and sizes its own buffers
         self.cache = RingCache(self.talker, prefix, window) if window else FullCache(self.talker, prefix, max_frames)
         return max_frames
 
@@ -51,8 +52,8 @@ class TorchBackend:
     def predict(self, h, c0_embed, params: SamplingParams, generator) -> torch.Tensor:
         return predict_codes(self.talker.code_predictor, h, c0_embed, params, generator)
 
-    def verify(self, h, c0_embed, params: SamplingParams, generator, spec: SpecDecoder) -> torch.Tensor:
-        return predict_codes_spec(self.talker.code_predictor, h, c0_embed, params, generator, spec)
+    def verify(self, h, c0_embed, params: SamplingParams, generator, plan: DraftPlan, stats: SpecStats):
+        return predict_codes_spec(self.talker.code_predictor, h, c0_embed, params, generator, plan, stats)
 
     def span(self, k: int) -> int:
         return self.cache.span(k)
@@ -62,3 +63,10 @@ class TorchBackend:
 
     def reset(self) -> None:
         self.cache = None
+
+
+def available_backends() -> tuple[str, ...]:
+    """Backends usable on this machine: `cpu` (torch) always, `cuda` when torch sees a GPU, `ane` when Core ML
+    predictions can run (macOS 15+ with coremltools; the model still needs an export)."""
+    out = ("cpu", "cuda") if torch.cuda.is_available() else ("cpu",)
+    return out + ("ane",) if coreml_runtime.unavailable_reason() is None else out

@@ -27,8 +27,9 @@ from .coreml_wrappers import PredictorSlots, additive_mask
 from .errors import InputError
 from .sampling import SamplingParams, pick
 from .spec import (
+    DraftPlan,
     DraftTree,
-    SpecDecoder,
+    SpecStats,
     _sample,
     _walk_step,
     candidates,
@@ -36,7 +37,7 @@ from .spec import (
 )
 from .talker import Talker
 
-# --compute-units (modes.COMPUTE_UNIT_CHOICES) -> coremltools.ComputeUnit member
+# --compute-units (options.COMPUTE_UNIT_CHOICES) -> coremltools.ComputeUnit member
 COMPUTE_UNITS = {"cpu_and_ne": "CPU_AND_NE", "all": "ALL", "cpu_only": "CPU_ONLY"}
 MANIFEST = "manifest.json"
 
@@ -140,7 +141,7 @@ class CoreMLBackend:
 
     # ---- talker ---------------------------------------------------------------------------------------------
 
-    def setup(self, prefix: int, max_frames: int, spec: SpecDecoder | None = None, window: int | None = None) -> int:
+    def setup(self, prefix: int, max_frames: int, window: int | None = None) -> int:
         if window:
             raise InputError(
                 "windowed mode is not available on the ane backend (the exported talker keeps a full KV cache)",
@@ -184,7 +185,7 @@ class CoreMLBackend:
     # ---- code predictor ----------------------------------------------------------------------------------
 
     def predict(self, h, c0_embed, params: SamplingParams, generator) -> torch.Tensor:
-        """Codes 1..15 [1, 15]: the prefill call, then one ar call per code (the draw order of generate.py)."""
+        """Codes 1..15 [1, 15]: the prefill call, then one ar call per code (the draw order of the ar loop)."""
         logits = self._predictor_prefill(h, c0_embed)["logits"][1]
         codes = []
         for g in range(1, self.n_codes + 1):
@@ -196,21 +197,22 @@ class CoreMLBackend:
             logits = out["logits"][0]
         return torch.stack(codes, dim=1)
 
-    def verify(self, h, c0_embed, params: SamplingParams, generator, spec: SpecDecoder) -> torch.Tensor:
+    def verify(self, h, c0_embed, params: SamplingParams, generator, plan: DraftPlan, stats: SpecStats):
         """Codes 1..15 [1, 15] with fused draft + verify calls over the exported tree (spec.py's walk and
-        acceptance; `spec` gets the counters). The offsets are the ones baked into the export."""
+        acceptance; `stats` gets the counters). The tree and offsets are the ones baked into the export, so
+        `plan` is not read."""
         out = self._predictor_prefill(h, c0_embed)
         drafts = out["drafts"][1]  # [K, V]: heads 1..K on h_1 + b_j
 
         def call(k: int, tok: int):
             nonlocal drafts
             depth = min(self.depth, self.n_codes - k)
-            path, next_tok, drafts = self._verify_call(k, tok, drafts, depth, params, generator, spec)
+            path, next_tok, drafts = self._verify_call(k, tok, drafts, depth, params, generator, stats)
             return path, next_tok
 
-        return torch.tensor([spec_frame(_sample(out["logits"][1], params, generator), self.n_codes, spec.stats, call)])
+        return torch.tensor([spec_frame(_sample(out["logits"][1], params, generator), self.n_codes, stats, call)])
 
-    def _verify_call(self, k, tok, drafts, depth, params, generator, spec):
+    def _verify_call(self, k, tok, drafts, depth, params, generator, stats):
         """One call: root `tok` (code k) + the exported tree, nodes deeper than `depth` (past code 15) dead.
         Returns (accepted codes, next code or None, draft logits [K, V] of the node where the walk stopped)."""
         tree = self.tree
@@ -229,7 +231,7 @@ class CoreMLBackend:
         kids = [[c for c in cs if live[c]] for cs in self.kids]
         path, u, next_tok = [], 0, None
         while k + tree.depth[u] < self.n_codes:  # node u carries code k + depth; its logits predict the next
-            child = _walk_step(out["logits"][u], kids[u], tree, node_tok, qs, params, generator, spec.stats)
+            child = _walk_step(out["logits"][u], kids[u], tree, node_tok, qs, params, generator, stats)
             if isinstance(child, tuple):  # rejected all children (or none): sampled here
                 next_tok = child[0]
                 break

@@ -7,9 +7,23 @@ from dataclasses import dataclass, field, replace
 
 from .config import TTSConfig
 from .errors import InputError
-from .modes import MODES
 from .prompt import TEXT_LAYOUTS
 from .sampling import SamplingParams
+
+# The decoding modes; everything that lists modes (option validation, `leapvox compare`, the TUI selector) reads
+# MODES, and `Synthesizer` turns a mode into its cache policy and predictor strategy (synthesis.decode_frames).
+MODES: tuple[str, ...] = ("ar", "spec", "windowed")
+
+MODE_HELP = {
+    "ar": "plain autoregressive: one talker step and 15 code-predictor calls per frame",
+    "spec": "speculative: the code predictor drafts several codes per call and verifies them",
+    "windowed": "windowed: the talker attends to the prompt and a ring of the last W frames (bounded cache)",
+}
+
+# --backend: `cpu` = the torch engine, `ane` = Core ML on macOS (coreml_runtime), `auto` = ane where it can run
+# and the model has a Core ML export, else cpu. --compute-units: where Core ML may run the ane backend's functions.
+BACKEND_CHOICES: tuple[str, ...] = ("auto", "cpu", "ane")
+COMPUTE_UNIT_CHOICES: tuple[str, ...] = ("cpu_and_ne", "all", "cpu_only")
 
 # The reference stops after max_new_tokens code-0 draws, i.e. at most max_new_tokens - 1 frames;
 # the shipped generation_config.json sets max_new_tokens = 8192.
@@ -46,7 +60,7 @@ class SynthesisOptions:
     max_frames: int = DEFAULT_MAX_FRAMES  # hard cap; official max_new_tokens = max_frames + 1
     runaway_guard: bool = True  # also cap frames by text length (guard_frames)
     seed: int | None = None  # torch CPU generator seed; None draws a fresh one
-    mode: str = "ar"  # decoding mode, one of engine.modes.MODES
+    mode: str = "ar"  # decoding mode, one of MODES
     window: int = DEFAULT_WINDOW  # windowed mode: frame rows the talker attends to besides the prompt
 
     def greedy(self) -> SynthesisOptions:

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .code_predictor import CodePredictor
-from .predictor_loop import PredictorLoop, loop_for
+from .predictor import PredictorLoop, loop_for
 from .sampling import SamplingParams, temperature_top_k_top_p
 
 
@@ -136,13 +136,13 @@ class SpecStats:
         return self.tokens / self.calls if self.calls else 0.0
 
 
-@dataclass
-class SpecDecoder:
-    """Draft tree + offsets b [K, Hc] or per position [15, K, Hc] (None: zero offsets, the reused-heads baseline)."""
+@dataclass(frozen=True)
+class DraftPlan:
+    """What spec mode drafts with: the draft tree and the offsets b [K, Hc] or per position [15, K, Hc] (None: zero
+    offsets, the reused-heads baseline). Read-only; the counters of a frame go to a SpecStats."""
 
     tree: DraftTree = DEFAULT_TREE
     offsets: torch.Tensor | None = None
-    stats: SpecStats = field(default_factory=SpecStats)
 
     @property
     def depth(self) -> int:
@@ -233,22 +233,23 @@ def predict_codes_spec(
     code0_embed: torch.Tensor,
     params: SamplingParams,
     generator: torch.Generator | None,
-    spec: SpecDecoder,
+    plan: DraftPlan,
+    stats: SpecStats,
 ) -> torch.Tensor:
     """Codes 1..15 of one frame [1, 15] with speculative verify calls (batch 1), on the predictor's hot loop
-    (predictor_loop.PredictorLoop: its buffers, its module-free products)."""
+    (predictor.PredictorLoop: its buffers, its module-free products). Counters go to `stats`."""
     n = cp.num_heads
     loop = loop_for(cp)
-    loop.reserve(cp.cfg.num_code_groups + spec.tree.size + 2)
+    loop.reserve(cp.cfg.num_code_groups + plan.tree.size + 2)
     hid = loop.hidden(loop.project(torch.cat([talker_hidden[0], code0_embed[0]])), 0)  # [1, Hc], position 1
 
     def call(k: int, tok: int):
         nonlocal hid
-        tree = spec.tree.pruned(min(spec.depth, n - k))
-        path, next_tok, hid = _verify_and_walk(loop, tree, spec, k, tok, hid, params, generator)
+        tree = plan.tree.pruned(min(plan.depth, n - k))
+        path, next_tok, hid = _verify_and_walk(loop, tree, plan.offsets, stats, k, tok, hid, params, generator)
         return path, next_tok
 
-    codes = spec_frame(_sample(loop.heads[0](hid)[0], params, generator), n, spec.stats, call)
+    codes = spec_frame(_sample(loop.heads[0](hid)[0], params, generator), n, stats, call)
     return torch.tensor([codes], device=hid.device)
 
 
@@ -278,11 +279,11 @@ def _sample(logits: torch.Tensor, params: SamplingParams, generator) -> int:
     return int(torch.multinomial(_probs(logits, params), 1, generator=generator))
 
 
-def _verify_and_walk(loop: PredictorLoop, tree, spec, k, tok, h, params, generator):
+def _verify_and_walk(loop: PredictorLoop, tree, offsets, stats, k, tok, h, params, generator):
     """One call: root `tok` (code k) + the draft tree. Returns (accepted codes, next code or None, hidden [1, Hc])."""
     n = len(loop.heads)
     widths = tree.widths() if tree.size else []
-    tokens, qs = draft(loop.heads, h, k, widths, spec.offsets, params, generator)
+    tokens, qs = draft(loop.heads, h, k, widths, offsets, params, generator)
     # a sampled depth may have fewer candidates than the tree asks for (tiny support): drop those nodes
     keep = [i for i in range(len(tree.parent)) if i == 0 or tree.rank[i] < len(tokens[tree.depth[i] - 1])]
     if len(keep) < len(tree.parent):
@@ -301,7 +302,7 @@ def _verify_and_walk(loop: PredictorLoop, tree, spec, k, tok, h, params, generat
             next_tok = None
             break
         logits = loop.heads[code](hidden[u : u + 1])[0].float()
-        child = _walk_step(logits, kids[u], tree, node_tok, qs, params, generator, spec.stats)
+        child = _walk_step(logits, kids[u], tree, node_tok, qs, params, generator, stats)
         if isinstance(child, tuple):  # rejected all children (or none): sample here
             next_tok = child[0]
             break

@@ -1,112 +1,22 @@
-"""Streaming synthesis: audio chunks as frames are produced, sentence by sentence, each carrying one stats record.
-
-Layering: `Synthesizer.frames` (one utterance, any mode) -> `stream_speech` (sentences, codec streaming,
-crossfades, timings) -> callers (`speak --play`, the TUI, `compare`). Every mode yields the same `SpeechChunk`,
-so callers never branch on the mode.
-"""
+"""What a synthesis stream hands out: `SpeechChunk`s, each with one `StreamStats` record for every mode, and the
+bookkeeping behind them (totals over sentences, crossfades where sentences join). The stream itself is
+`Synthesizer.stream` (synthesis.py)."""
 
 from __future__ import annotations
 
 import math
-import re
 import time
-from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
 import torch
 
-from .errors import InputError
-from .generate import DecodeStats
-from .options import SynthesisOptions, validate
-from .synthesis import Synthesizer, make_generator
+from .decode import DecodeStats
+from .text import estimate_audio_s
 
-SENTENCE_MAX_CHARS = 300  # longer sentences are cut at clauses, then at words
 CROSSFADE_S = 0.015  # equal-power crossfade where two sentences join
 FIRST_CHUNK_FRAMES = 2  # 160 ms: the first audio leaves early ...
 MAX_CHUNK_FRAMES = 16  # ... later chunks double up to 1.28 s, fewer codec calls
-
-# Abbreviations whose full stop does not end a sentence (compared lowercased, without the final dot).
-_ABBREVIATIONS = """mr mrs ms dr prof sr jr st mt ft vs etc e.g i.e cf al approx no nos fig figs vol vols ch sec p pp
-ed eds inc ltd co corp dept univ gen col lt sgt capt rev hon jan feb mar apr jun jul aug sep sept oct nov dec"""
-ABBREVIATIONS = frozenset(_ABBREVIATIONS.split())
-_SENTENCE_END = re.compile(
-    r"[.!?\u2026]+[\"'\u201d\u2019)\]]*(?=\s|$)"  # Latin: the mark(s), closing quotes/brackets, then a space
-    r"|[\u3002\uff01\uff1f]+[\u201d\u300d\u300f)\uff09]*"  # CJK full-width marks need no space
-)
-_CLAUSE_END = re.compile(r"[,;:\u2013\u2014](?=\s)|[\uff0c\uff1b\uff1a\u3001]")
-_CJK = re.compile(r"[\u3040-\u30ff\u3400-\u9fff\uac00-\ud7af]")
-
-
-# ---- text -------------------------------------------------------------------------------------------------
-
-
-def split_sentences(text: str, max_chars: int = SENTENCE_MAX_CHARS) -> list[str]:
-    """Sentences of `text` in order, none longer than `max_chars`: cut at sentence ends (not after "Dr." or
-    "e.g.", not inside "3.14"), then overlong ones at clauses, then at words, then anywhere."""
-    text = " ".join(text.split())
-    out: list[str] = []
-    for sentence in _cut(text, _sentence_ends(text)):
-        out += _fit(sentence, max_chars)
-    return out
-
-
-def _sentence_ends(text: str) -> list[int]:
-    ends = []
-    for m in _SENTENCE_END.finditer(text):
-        if m.group().startswith(".") and not _ends_sentence(text, m.start(), m.end()):
-            continue
-        ends.append(m.end())
-    return ends
-
-
-def _ends_sentence(text: str, dot: int, after: int) -> bool:
-    """A full stop ends a sentence unless it closes an abbreviation or initial, or lowercase text follows."""
-    word = text[:dot].rsplit(" ", 1)[-1].lstrip("\"'(\u201c\u2018[").lower()
-    if word in ABBREVIATIONS or (len(word) == 1 and word.isalpha()):
-        return False
-    rest = text[after:].lstrip()
-    return not (rest[:1].islower())
-
-
-def _cut(text: str, ends: list[int]) -> list[str]:
-    pieces, start = [], 0
-    for end in [*ends, len(text)]:
-        piece = text[start:end].strip()
-        if piece:
-            pieces.append(piece)
-        start = end
-    return pieces
-
-
-def _fit(sentence: str, max_chars: int) -> list[str]:
-    """`sentence` as pieces of at most max_chars: clauses packed greedily, then words, then hard cuts."""
-    if len(sentence) <= max_chars:
-        return [sentence]
-    clauses = _cut(sentence, [m.end() for m in _CLAUSE_END.finditer(sentence)])
-    if len(clauses) > 1:
-        return _pack([p for c in clauses for p in _fit(c, max_chars)], max_chars, " ")
-    words = sentence.split(" ")
-    if len(words) > 1:
-        return _pack([p for w in words for p in _fit(w, max_chars)], max_chars, " ")
-    return [sentence[i : i + max_chars] for i in range(0, len(sentence), max_chars)]
-
-
-def _pack(parts: list[str], max_chars: int, sep: str) -> list[str]:
-    out: list[str] = []
-    for p in parts:
-        joiner = "" if out and (_CJK.search(out[-1][-1:]) or _CJK.search(p[:1])) else sep
-        if out and len(out[-1]) + len(joiner) + len(p) <= max_chars:
-            out[-1] += joiner + p
-        else:
-            out.append(p)
-    return out
-
-
-def estimate_audio_s(text: str) -> float:
-    """Rough spoken length: ~14 characters a second for alphabetic text, ~4.5 for CJK characters."""
-    cjk = len(_CJK.findall(text))
-    return 0.22 * cjk + 0.07 * (len(text) - cjk)
 
 
 # ---- stats ------------------------------------------------------------------------------------------------
@@ -134,6 +44,11 @@ class StreamStats:
     est_remaining_s: float = 0.0  # audio still to come, estimated from the text and the speech so far
     stop_reasons: tuple[str, ...] = ()  # per finished sentence: eos, max_frames, guard, cancelled
     warnings: tuple[str, ...] = ()
+
+    @property
+    def stop_reason(self) -> str:
+        """One word for the whole stream: the first sentence's reason that is not "eos", else "eos"."""
+        return next((r for r in self.stop_reasons if r != "eos"), "eos" if self.stop_reasons else "")
 
     @property
     def xrt(self) -> float:
@@ -185,7 +100,7 @@ class SpeechChunk:
 
 
 @dataclass
-class _Tally:
+class Tally:
     """Mutable totals over the sentences of one stream; `snapshot` freezes them into a StreamStats."""
 
     mode: str
@@ -239,7 +154,7 @@ class _Tally:
 # ---- joining sentences ------------------------------------------------------------------------------------
 
 
-class _Joiner:
+class Joiner:
     """Holds back the last `n` samples of the audio so far, so that where a sentence ends they can be
     crossfaded (equal power) into the start of the next one. Within a sentence nothing is changed."""
 
@@ -268,77 +183,3 @@ class _Joiner:
         rest = [x for x in (self.tail, self.held) if x is not None]
         self.tail, self.held = None, np.zeros(0, np.float32)
         return np.concatenate(rest) if rest else np.zeros(0, np.float32)
-
-
-# ---- the stream -------------------------------------------------------------------------------------------
-
-
-def stream_speech(
-    synth: Synthesizer,
-    text: str,
-    opts: SynthesisOptions,
-    *,
-    split: bool = True,
-    first_chunk: int = FIRST_CHUNK_FRAMES,
-    max_chunk: int = MAX_CHUNK_FRAMES,
-    crossfade_s: float = CROSSFADE_S,
-    cancelled: Callable[[], bool] | None = None,
-) -> Iterator[SpeechChunk]:
-    """Speak `text` as a stream of SpeechChunks, checking `cancelled()` after every frame.
-
-    Sentences (see split_sentences) are spoken in order with one random stream, one speaker and one set of
-    options; the runaway guard applies to each. Chunks grow from `first_chunk` to `max_chunk` frames. The codec
-    decodes with the official 300/25 chunking, so for one sentence the concatenated audio equals
-    `Synthesizer.synthesize(text, opts).audio` bit for bit. The last chunk has `final=True`.
-    """
-    opts = validate(opts, synth.cfg)
-    sentences = split_sentences(text) if split else [" ".join(text.split())]
-    if not sentences:
-        raise InputError("the text is empty", hint="give some words to speak")
-    sr = synth.sample_rate
-    tally = _Tally(opts.mode, sentences, codes_per_frame=synth.cfg.talker.num_code_groups - 1)
-    sampling = opts.talker.do_sample or opts.predictor.do_sample
-    generator = make_generator(opts.seed) if sampling else None
-    codec = synth.codec.stream(official_chunking=True)
-    joiner = _Joiner(int(round(crossfade_s * sr)))
-    size, stop = first_chunk, False
-
-    def emit(frames: list[torch.Tensor], index: int) -> SpeechChunk:
-        codes = torch.stack(frames) if frames else torch.zeros((0, 16), dtype=torch.long)
-        wav = np.zeros(0, np.float32)
-        if frames:
-            t = time.perf_counter()
-            wav = codec.push(codes.T[None].to(synth.codec_device)).reshape(-1).float().cpu().numpy()  # [1920 f]
-            tally.current.codec_s += time.perf_counter() - t
-            tally.sentence_samples += len(wav)
-        return _chunk(joiner.add(wav), codes, index)
-
-    def _chunk(audio: np.ndarray, codes: torch.Tensor, index: int, final: bool = False) -> SpeechChunk:
-        tally.audio_samples += len(audio)
-        if len(audio) and tally.first_audio_s is None:
-            tally.first_audio_s = time.perf_counter() - tally.t0
-        return SpeechChunk(audio, sr, codes, index, tally.snapshot(sr), final)
-
-    for index, sentence in enumerate(sentences):
-        codec.reset()
-        stats = tally.begin(index)
-        frames = synth.frames(sentence, opts, stats, tally.warnings, generator)
-        pending: list[torch.Tensor] = []
-        try:
-            for frame in frames:
-                pending.append(frame)
-                if cancelled is not None and cancelled():
-                    stop = True
-                    break
-                if len(pending) >= size:
-                    yield emit(pending, index)
-                    pending, size = [], min(2 * size, max_chunk)
-        finally:
-            frames.close()
-        if pending or stop:
-            yield emit(pending, index)
-        tally.finish("cancelled" if stop else "", tally.sentence_samples / sr)
-        joiner.end_sentence()
-        if stop:
-            break
-    yield _chunk(joiner.flush(), torch.zeros((0, 16), dtype=torch.long), tally.sentence, final=True)

@@ -1,4 +1,11 @@
-"""Text -> codes -> waveform for one utterance, composed from the prompt, decoding loop and codec."""
+"""Text -> audio: the one synthesis path. `Synthesizer.stream` speaks a text sentence by sentence as a stream of
+`SpeechChunk`s; `synthesize` is that stream joined. Everything that speaks (speak -o, --play, the TUI, compare)
+consumes the stream, so they cannot disagree.
+
+Layering: `decode_frames` (one utterance: the mode's strategies chosen once, then the mode-agnostic frame loop)
+-> `Synthesizer.frames` (prompt, guard, warnings) -> `Synthesizer.stream` (sentences, streaming codec,
+crossfades, one stats record) -> `Synthesizer.synthesize` (the stream, joined).
+"""
 
 from __future__ import annotations
 
@@ -9,13 +16,16 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from .backend import TorchBackend
 from .config import TTSConfig
-from .generate import DecodeStats, generate_frames
+from .decode import ArCodes, DecodeStats, SpecCodes, frame_loop
+from .errors import InputError
 from .options import SynthesisOptions, guard_frames, validate
-from .prompt import build_prompt, wrap_instruct, wrap_text
-from .spec import SpecDecoder
-from .talker import TTSModel
-from .windowed import generate_frames_windowed
+from .prompt import Prompt, build_prompt, wrap_instruct, wrap_text
+from .spec import DraftPlan
+from .streaming import CROSSFADE_S, FIRST_CHUNK_FRAMES, MAX_CHUNK_FRAMES, Joiner, SpeechChunk, StreamStats, Tally
+from .talker import Talker, TTSModel
+from .text import split_sentences
 
 
 @dataclass
@@ -23,7 +33,7 @@ class Synthesis:
     codes: torch.Tensor  # [F, 16] int64
     audio: np.ndarray  # [F * samples_per_frame] float32 in [-1, 1]
     sample_rate: int
-    stats: DecodeStats
+    stats: StreamStats
     warnings: list[str] = field(default_factory=list)
     elapsed_s: float = 0.0
 
@@ -37,10 +47,6 @@ class Synthesis:
         return self.duration_s / self.elapsed_s if self.elapsed_s > 0 else float("inf")
 
 
-# The frame loop of each decoding mode in engine.modes.MODES; a new mode adds its line here.
-FRAME_LOOPS = {"ar": generate_frames, "spec": generate_frames, "windowed": generate_frames_windowed}
-
-
 def make_generator(seed: int | None) -> torch.Generator:
     """CPU generator: seeded like `torch.manual_seed(seed)`, or from fresh entropy when seed is None."""
     g = torch.Generator(device="cpu")
@@ -51,8 +57,32 @@ def make_generator(seed: int | None) -> torch.Generator:
     return g
 
 
+def decode_frames(
+    backend,
+    talker: Talker,
+    prompt: Prompt,
+    opts: SynthesisOptions,
+    max_frames: int,
+    generator: torch.Generator | None,
+    stats: DecodeStats,
+    plan: DraftPlan | None = None,
+) -> Iterator[torch.Tensor]:
+    """Frames [16] of one utterance. The mode is decided here, once, by plain ifs: the talker cache (a ring of
+    `opts.window` frames for windowed, else full) and the predictor strategy (spec's verify calls over `plan`, else
+    one call per code); then the mode-agnostic frame loop runs over them."""
+    window = opts.window if opts.mode == "windowed" else None
+    cap = backend.setup(prompt.embeds.shape[1], max_frames, window)  # a backend may hold fewer frames
+    if opts.mode == "spec":
+        codes = SpecCodes(backend, plan or DraftPlan())
+        stats.spec = codes.stats
+    else:
+        codes = ArCodes(backend)
+    yield from frame_loop(backend, codes, talker, prompt, opts, cap, generator, stats)
+
+
 class Synthesizer:
-    """Holds a loaded model (talker + code predictor), its codec decoder and its text tokenizer."""
+    """A loaded model (talker + code predictor), its codec decoder, its text tokenizer, spec mode's draft plan and
+    the backend that runs the networks (default: the torch engine)."""
 
     def __init__(
         self,
@@ -61,26 +91,47 @@ class Synthesizer:
         cfg: TTSConfig,
         tokenize: Callable[[str], list[int]],
         sample_rate: int,
-        spec: SpecDecoder | None = None,
+        plan: DraftPlan | None = None,
         frontend: Callable[[str], str] | None = None,
+        backend=None,
     ):
         self.tts, self.codec, self.cfg, self.tokenize, self.sample_rate = tts, codec, cfg, tokenize, sample_rate
-        self.spec = spec or SpecDecoder()  # spec mode's draft tree and offsets (None offsets: zero offsets)
-        self._said_zero_offsets = False
-        self._said_window_approx = False
-        self.backend = None  # what runs the networks: None = the torch engine; coreml_runtime.CoreMLBackend (ane)
+        self.plan = plan or DraftPlan()  # spec mode's draft tree and offsets (None offsets: zero offsets)
         self.frontend = frontend  # text -> model text (e.g. phonemes) before the prompt template, or None
+        # what runs the networks: the torch engine, or coreml_runtime.CoreMLBackend (ane)
+        self.backend = backend or TorchBackend(tts.talker)
+        self._said: set[str] = set()  # once-per-synthesizer warnings already given
 
     def text_ids(self, text: str) -> list[int]:
         """Token ids of the wrapped prompt text (after the model's front end, if it has one)."""
         return self.tokenize(wrap_text(self.frontend(text) if self.frontend else text))
 
     def generate_codes(self, text: str, opts: SynthesisOptions) -> tuple[torch.Tensor, DecodeStats, list[str]]:
-        """Codes [F, 16] for `text`; also the decoding counters and any warnings for the user."""
+        """Codes [F, 16] of `text` as ONE utterance (no sentence split, as the official package); also the
+        decoding counters and any warnings for the user."""
         stats, warnings = DecodeStats(), []
         frames = list(self.frames(text, opts, stats, warnings))
         codes = torch.stack(frames) if frames else torch.zeros((0, 16), dtype=torch.long)
         return codes, stats, warnings
+
+    def _warn_once(self, key: str, warnings: list[str], message: str) -> None:
+        if key not in self._said:
+            self._said.add(key)
+            warnings.append(message)
+
+    def _mode_warnings(self, opts: SynthesisOptions, warnings: list[str]) -> None:
+        if opts.mode == "spec" and self.plan.offsets is None:
+            self._warn_once("zero-offsets", warnings, "spec mode: no trained offsets for this model, drafting with "
+                            "the LM heads alone (zero offsets; run leapvox train-offsets)")
+        adapted = self.cfg.leapvox_window
+        if opts.mode == "windowed" and opts.window != adapted:
+            self._warn_once("window", warnings, (
+                f"windowed mode: this model was trained with full attention, so a {opts.window}-frame window is an "
+                "approximation (exact only while it holds every frame; leapvox train-window adapts a model)"
+                if adapted is None else
+                f"windowed mode: this model was adapted to a {adapted}-frame window; {opts.window} frames is an "
+                f"approximation (drop --window to use {adapted})"
+            ))
 
     def frames(
         self,
@@ -91,8 +142,8 @@ class Synthesizer:
         generator: torch.Generator | None = None,
     ) -> Iterator[torch.Tensor]:
         """Frames [16] of one utterance as the mode's loop produces them: the one loop behind `generate_codes`
-        and streaming. Fills `stats` and appends to `warnings` as it goes. `generator` continues a random stream
-        (streaming several sentences); by default one is made from `opts.seed`."""
+        and the stream. Fills `stats` and appends to `warnings` as it goes. `generator` continues a random stream
+        (several sentences); by default one is made from `opts.seed`."""
         opts = validate(opts, self.cfg)
         instruct_ids = None
         if opts.instruct and not self.cfg.supports_instruct:
@@ -106,26 +157,8 @@ class Synthesizer:
         guard = guard_frames(prompt.n_text_tokens) if opts.runaway_guard else cap
         sampling = any((opts.talker.do_sample, opts.predictor.do_sample))
         gen = (generator or make_generator(opts.seed)) if sampling else None
-        extra = {}
-        if opts.mode == "spec":
-            extra["spec"] = self.spec
-            if self.spec.offsets is None and not self._said_zero_offsets:
-                self._said_zero_offsets = True
-                warnings.append("spec mode: no trained offsets for this model, drafting with the LM heads alone "
-                                "(zero offsets; run leapvox train-offsets)")
-        if opts.mode == "windowed" and not self._said_window_approx and opts.window != self.cfg.leapvox_window:
-            self._said_window_approx = True
-            adapted = self.cfg.leapvox_window
-            warnings.append(
-                f"windowed mode: this model was trained with full attention, so a {opts.window}-frame window is an "
-                "approximation (exact only while it holds every frame; leapvox train-window adapts a model)"
-                if adapted is None else
-                f"windowed mode: this model was adapted to a {adapted}-frame window; {opts.window} frames is an "
-                f"approximation (drop --window to use {adapted})"
-            )
-        if self.backend is not None:
-            extra["backend"] = self.backend
-        yield from FRAME_LOOPS[opts.mode](talker, prompt, opts, min(cap, guard), gen, stats, **extra)
+        self._mode_warnings(opts, warnings)
+        yield from decode_frames(self.backend, talker, prompt, opts, min(cap, guard), gen, stats, self.plan)
         if stats.stop_reason == "max_frames" and stats.frames < min(cap, guard):  # the backend holds fewer frames
             warnings.append(f"stopped at {stats.frames} frames, all that the {self.backend.name} backend's exported "
                             "context holds after this prompt (export-coreml --context sets it)")
@@ -148,10 +181,82 @@ class Synthesizer:
     def codec_device(self) -> torch.device:
         return next(self.codec.parameters()).device
 
-    def synthesize(self, text: str, opts: SynthesisOptions) -> Synthesis:
-        t0 = time.perf_counter()
-        codes, stats, warnings = self.generate_codes(text, opts)
-        t1 = time.perf_counter()
-        audio = self.decode(codes)
-        stats.codec_s += time.perf_counter() - t1
-        return Synthesis(codes, audio, self.sample_rate, stats, warnings, time.perf_counter() - t0)
+    def stream(
+        self,
+        text: str,
+        opts: SynthesisOptions,
+        *,
+        split: bool = True,
+        first_chunk: int = FIRST_CHUNK_FRAMES,
+        max_chunk: int = MAX_CHUNK_FRAMES,
+        crossfade_s: float = CROSSFADE_S,
+        cancelled: Callable[[], bool] | None = None,
+    ) -> Iterator[SpeechChunk]:
+        """Speak `text` as a stream of SpeechChunks, checking `cancelled()` after every frame.
+
+        Sentences (text.split_sentences; `split=False`: the whole text as one) are spoken in order with one
+        random stream, one speaker and one set of options; the runaway guard applies to each. Chunks grow from
+        `first_chunk` to `max_chunk` frames. The codec decodes with the official 300/25 chunking, so for one
+        sentence the concatenated audio equals `decode(generate_codes(...))` bit for bit. Memory stays bounded
+        whatever the text's length: one sentence's frames at a time. The last chunk has `final=True`."""
+        opts = validate(opts, self.cfg)
+        sentences = split_sentences(text) if split else [" ".join(text.split())]
+        if not sentences or not sentences[0]:
+            raise InputError("the text is empty", hint="give some words to speak")
+        sr = self.sample_rate
+        tally = Tally(opts.mode, sentences, codes_per_frame=self.cfg.talker.num_code_groups - 1)
+        sampling = opts.talker.do_sample or opts.predictor.do_sample
+        generator = make_generator(opts.seed) if sampling else None
+        codec = self.codec.stream(official_chunking=True)
+        joiner = Joiner(int(round(crossfade_s * sr)))
+        size, stop = first_chunk, False
+
+        def emit(frames: list[torch.Tensor], index: int) -> SpeechChunk:
+            codes = torch.stack(frames) if frames else torch.zeros((0, 16), dtype=torch.long)
+            wav = np.zeros(0, np.float32)
+            if frames:
+                t = time.perf_counter()
+                wav = codec.push(codes.T[None].to(self.codec_device)).reshape(-1).float().cpu().numpy()  # [1920 f]
+                tally.current.codec_s += time.perf_counter() - t
+                tally.sentence_samples += len(wav)
+            return chunk(joiner.add(wav), codes, index)
+
+        def chunk(audio: np.ndarray, codes: torch.Tensor, index: int, final: bool = False) -> SpeechChunk:
+            tally.audio_samples += len(audio)
+            if len(audio) and tally.first_audio_s is None:
+                tally.first_audio_s = time.perf_counter() - tally.t0
+            return SpeechChunk(audio, sr, codes, index, tally.snapshot(sr), final)
+
+        for index, sentence in enumerate(sentences):
+            codec.reset()
+            stats = tally.begin(index)
+            frames = self.frames(sentence, opts, stats, tally.warnings, generator)
+            pending: list[torch.Tensor] = []
+            try:
+                for frame in frames:
+                    pending.append(frame)
+                    if cancelled is not None and cancelled():
+                        stop = True
+                        break
+                    if len(pending) >= size:
+                        yield emit(pending, index)
+                        pending, size = [], min(2 * size, max_chunk)
+            finally:
+                frames.close()
+            if pending or stop:
+                yield emit(pending, index)
+            tally.finish("cancelled" if stop else "", tally.sentence_samples / sr)
+            joiner.end_sentence()
+            if stop:
+                break
+        yield chunk(joiner.flush(), torch.zeros((0, 16), dtype=torch.long), tally.sentence, final=True)
+
+    def synthesize(self, text: str, opts: SynthesisOptions, **stream_args) -> Synthesis:
+        """The stream of `text`, joined: codes, audio and the final stats record."""
+        audio, codes, stats = [], [], None
+        for c in self.stream(text, opts, **stream_args):
+            audio.append(c.audio)
+            codes.append(c.codes)
+            stats = c.stats
+        return Synthesis(torch.cat(codes), np.concatenate(audio), self.sample_rate, stats, list(stats.warnings),
+                         stats.elapsed_s)

@@ -471,7 +471,7 @@ def rss_mb() -> dict:
 @torch.inference_mode()
 def talker_step_times(talker, frames: int, prompt: int = 48) -> list[float]:
     """Seconds of each of `frames` consecutive talker steps (full cache) after a `prompt`-row prefill."""
-    from leapvox.engine.generate import FullCache
+    from leapvox.engine.caches import FullCache
 
     g = torch.Generator().manual_seed(0)
     dtype = talker.model.norm.weight.dtype
@@ -492,7 +492,7 @@ def predictor_call_times(cp, sizes=TREE_SIZES, repeats: int = 5, prefix: int = 8
     """Per call, after `prefix` cached rows: an ar call (1 row + its head) through the hot loop
     (engine.predictor_loop) and through the predictor's modules ("module", the generic path), and verify calls over
     N draft nodes (N+1 rows under a tree mask, one head), all timed back to back round-robin."""
-    from leapvox.engine.predictor_loop import PredictorLoop
+    from leapvox.engine.predictor import PredictorLoop
 
     hc = cp.cfg.hidden_size
     dtype = cp.model.norm.weight.dtype
@@ -526,8 +526,7 @@ def predictor_call_times(cp, sizes=TREE_SIZES, repeats: int = 5, prefix: int = 8
 def predictor_frame_times(cp, params, frames: int, module_loop: bool = False) -> list[float]:
     """Seconds of the whole 15-code ar loop (calls, sampling, embeddings) per frame, on random inputs: the hot loop
     leapvox runs (`predict_codes`), or with `module_loop` the plain loop over the predictor's modules."""
-    from leapvox.engine.generate import predict_codes
-    from leapvox.engine.predictor_loop import predict_codes_reference
+    from leapvox.engine.predictor import predict_codes, predict_codes_reference
 
     g = torch.Generator().manual_seed(0)
     dtype = cp.model.norm.weight.dtype
@@ -554,7 +553,7 @@ def codec_frame_times(synth, frames: int, repeats: int) -> list[float]:
 def end_to_end(synth, opts, text: str = TEXT) -> dict:
     """One utterance streamed as `speak --play` does (chunks of 2 frames, doubling to 16, through the streaming
     codec): xRT, time to first audio, per-frame stage times, per-step talker latency."""
-    from leapvox.engine.generate import DecodeStats
+    from leapvox.engine.decode import DecodeStats
     from leapvox.engine.streaming import FIRST_CHUNK_FRAMES, MAX_CHUNK_FRAMES
 
     stats, warnings = DecodeStats(), []
@@ -612,10 +611,10 @@ def measure_format(
 
     from leapvox.engine.quant import linear_weight_bytes
 
-    from .checkpoint import load_model
+    from .load import load_model
 
     t0 = time.perf_counter()
-    model = load_model(folder, dtype=weights)
+    model = load_model(folder, weights=weights)
     load_s = time.perf_counter() - t0
     mem_loaded = rss_mb()
     bw = bandwidth()
@@ -1062,14 +1061,14 @@ def run_bench(
         result["acceptance_from"] = Path(acceptance).name
     result["tree"] = tree_speedup(result, table_)
     if fidelity and "fp32" in weights and len(weights) > 1:
-        from .checkpoint import load_model
+        from .load import load_model
 
         say("fidelity: teacher-forced code agreement with fp32")
-        ref = load_model(folder, dtype="fp32")
+        ref = load_model(folder, weights="fp32")
         result["fidelity"] = {}
         for w in weights:
             if w != "fp32":
-                result["fidelity"][w] = code_agreement(ref, load_model(folder, dtype=w), frames=frames)
+                result["fidelity"][w] = code_agreement(ref, load_model(folder, weights=w), frames=frames)
         del ref
     if official:
         why = official_available()

@@ -8,7 +8,7 @@ key and the file.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -17,47 +17,54 @@ from torch import nn
 
 from leapvox.engine.codec import CodecConfig, CodecDecoder
 from leapvox.engine.config import TTSConfig
-from leapvox.engine.errors import CheckpointError, ModelNotFoundError
+from leapvox.engine.demo_codec import DemoCodec, DemoCodecConfig
+from leapvox.engine.errors import CheckpointError
 from leapvox.engine.options import SynthesisOptions
 from leapvox.engine.quant import WEIGHT_FORMATS, quantize_model
 from leapvox.engine.sampling import SamplingParams
-from leapvox.engine.spec import SpecDecoder
+from leapvox.engine.spec import DraftPlan
 from leapvox.engine.synthesis import Synthesizer
 from leapvox.engine.talker import TTSModel
 
+from .frontend import text_frontend
+from .paths import check_folder
+from .spec_assets import load_offsets, load_tree
 from .tokenizer import TextTokenizer
 
 CODEC_PREFIX = "decoder."  # the speech tokenizer file also holds the encoder, unused for synthesis
 DTYPES = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16}
 
 
-@dataclass
+@dataclass(frozen=True)
 class LoadedModel:
+    """A checkpoint's networks with what speaking needs: tokenizer, defaults, spec mode's draft plan, and the
+    backend that runs the networks (None: the torch engine; models.load.load_model attaches a Core ML one)."""
+
     path: Path
     config: TTSConfig
     tts: TTSModel
-    codec: CodecDecoder
+    codec: nn.Module
     tokenizer: TextTokenizer
     defaults: SynthesisOptions
     sample_rate: int
     weights: str = "fp32"  # weight format: fp32, bf16 or int8 (engine.quant)
-    backend: object = None  # what runs the networks: None = torch; a coreml_runtime.CoreMLBackend for --backend ane
+    plan: DraftPlan = field(default_factory=DraftPlan)  # spec mode's draft tree and trained offsets
+    backend: object = None  # None = torch (engine.backend.TorchBackend); a coreml_runtime.CoreMLBackend for ane
+
+    @property
+    def backend_name(self) -> str:
+        return getattr(self.backend, "name", "cpu")
 
     def synthesizer(self) -> Synthesizer:
-        synth = Synthesizer(
-            self.tts, self.codec, self.config, self.tokenizer, self.sample_rate, self.spec_decoder(),
-            self.tokenizer.frontend,
-        )
-        synth.backend = self.backend
-        return synth
+        return Synthesizer(self.tts, self.codec, self.config, self.tokenizer, self.sample_rate, self.plan,
+                           self.tokenizer.frontend, self.backend)
 
-    def spec_decoder(self, backend: str = "cpu", device: str = "cpu") -> SpecDecoder:
-        """spec mode's trained offsets and calibrated tree for this model, where they exist."""
-        from .spec_assets import load_offsets, load_tree
 
-        offsets, _ = load_offsets(self.path, self.tts.talker.code_predictor.cfg.hidden_size)
-        tree, _ = load_tree(self.path, backend, device, offsets)
-        return SpecDecoder(tree, offsets)
+def draft_plan(folder: Path, hidden: int, backend: str = "cpu", device: str = "cpu") -> DraftPlan:
+    """spec mode's trained offsets and calibrated tree for the model in `folder`, where they exist."""
+    offsets, _ = load_offsets(folder, hidden)
+    tree, _ = load_tree(folder, backend, device, offsets)
+    return DraftPlan(tree, offsets)
 
 
 def read_json(path: Path) -> dict[str, Any]:
@@ -67,21 +74,6 @@ def read_json(path: Path) -> dict[str, Any]:
         raise CheckpointError(f"missing {path.name} in {path.parent}", hint="download the model again") from None
     except (OSError, ValueError) as e:
         raise CheckpointError(f"cannot read {path}: {e}", hint="download the model again") from None
-
-
-def check_folder(path: Path) -> Path:
-    """A folder with config.json, or a one-line error saying what was expected."""
-    path = Path(path).expanduser()
-    if not path.exists():
-        raise ModelNotFoundError(
-            f"no model at {path}", hint="give a checkpoint folder (config.json, model.safetensors, speech_tokenizer/)"
-        )
-    if not (path / "config.json").is_file():
-        raise ModelNotFoundError(
-            f"{path} is not a Qwen3-TTS checkpoint folder (no config.json)",
-            hint="a checkpoint folder holds config.json, model.safetensors, vocab.json, merges.txt, speech_tokenizer/",
-        )
-    return path
 
 
 def _weight_files(folder: Path, stem: str) -> list[Path]:
@@ -191,8 +183,6 @@ def load_codec(speech: Path, dtype) -> tuple[nn.Module, int]:
                 codec = CodecDecoder(cfg)
             prefix, rate = CODEC_PREFIX, cfg.output_sample_rate
         elif kind == "leapvox_demo_codec":
-            from leapvox.engine.demo_codec import DemoCodec, DemoCodecConfig
-
             cfg = DemoCodecConfig.from_dict(raw)
             codec, prefix, rate = DemoCodec(cfg), "", cfg.sample_rate  # small; its filterbank is computed here
         else:
@@ -203,33 +193,22 @@ def load_codec(speech: Path, dtype) -> tuple[nn.Module, int]:
     return codec, rate
 
 
-def text_frontend(raw_config: dict):
-    """A text -> text step before tokenization that a model asks for (the demo model reads espeak IPA)."""
-    if raw_config.get("leapvox_text_frontend") == "espeak-ng-ipa":
-        from .demo.frontend import ipa
-
-        return ipa
-    return None
-
-
 def weight_formats() -> list[str]:
     """The weight formats `load_model` (and `--weights`) accept."""
     return list(WEIGHT_FORMATS)
 
 
-def load_model(path: str | Path, dtype: str | torch.dtype = torch.float32, device: str = "cpu") -> LoadedModel:
-    """Load config, weights, text tokenizer and codec decoder from a checkpoint folder.
+def load_checkpoint(path: str | Path, weights: str = "fp32", device: str = "cpu") -> LoadedModel:
+    """Load config, weights, text tokenizer, codec decoder and spec assets from a checkpoint folder.
 
-    `dtype` is a torch dtype or a weight format name: fp32, bf16, or int8 (fp32 model whose talker and
-    predictor linears are then quantized to 8-bit weights, engine.quant)."""
+    `weights` is a weight format: fp32, bf16, or int8 (the file's weights quantized to 8-bit for the talker's and
+    predictor's linears, fp32 for the rest; engine.quant). The model runs on the torch engine; for a ready model
+    by name with a backend, use models.load.load_model."""
     folder = check_folder(Path(path))
-    if isinstance(dtype, str):
-        if dtype not in DTYPES and dtype != "int8":
-            raise ValueError(f"unknown weight format {dtype!r}; choose from {', '.join(WEIGHT_FORMATS)}")
-        weights = {"float32": "fp32", "bfloat16": "bf16"}.get(dtype, dtype)
-        dtype = torch.float32 if weights == "int8" else DTYPES[weights]
-    else:
-        weights = "bf16" if dtype == torch.bfloat16 else "fp32"
+    weights = {"float32": "fp32", "bfloat16": "bf16"}.get(weights, weights)
+    if weights not in WEIGHT_FORMATS:
+        raise ValueError(f"unknown weight format {weights!r}; choose from {', '.join(WEIGHT_FORMATS)}")
+    dtype = torch.float32 if weights == "int8" else DTYPES[weights]
     cfg = load_config(folder)
     speech = folder / "speech_tokenizer"
     with torch.device("meta"):
@@ -252,6 +231,6 @@ def load_model(path: str | Path, dtype: str | torch.dtype = torch.float32, devic
     if cfg.leapvox_window:  # adapted by `leapvox train-window`: windowed mode runs at the window it learned
         defaults = replace(defaults, window=cfg.leapvox_window)
     speaker = next(iter(cfg.talker.spk_id), None)
-    return LoadedModel(
-        folder, cfg, tts, codec, tokenizer, replace(defaults, speaker=speaker), sample_rate, weights
-    )
+    plan = draft_plan(folder, tts.talker.code_predictor.cfg.hidden_size)
+    return LoadedModel(folder, cfg, tts, codec, tokenizer, replace(defaults, speaker=speaker), sample_rate, weights,
+                       plan)

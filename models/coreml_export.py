@@ -35,6 +35,9 @@ from leapvox.engine.layers import RMSNorm
 from leapvox.engine.spec import DEFAULT_TREE, DraftTree
 from leapvox.engine.talker import Talker
 
+from .coreml_assets import export_root
+from .paths import model_key, model_revision
+
 WEIGHTS = ("w8a16", "fp16")
 PARTS = ("predictor", "talker", "codec")
 MANIFEST = "manifest.json"
@@ -84,62 +87,7 @@ def predictor_context(tree: DraftTree) -> int:
     return 16 + tree.size + 1
 
 
-def export_root() -> Path:
-    from .hub import leapvox_dirs
-
-    return leapvox_dirs()["coreml"]
-
-
-def find_export(folder: Path) -> Path | None:
-    """The newest export of the model in `folder` (this revision) that holds a talker and a predictor, or None."""
-    import glob
-
-    from .spec_assets import model_key
-
-    root, best = export_root(), None
-    pattern = f"{glob.escape(f'{model_key(folder)}-{model_revision(folder)}-')}*/{MANIFEST}"
-    for manifest in root.glob(pattern) if root.is_dir() else []:
-        try:
-            d = json.loads(manifest.read_text())
-        except (OSError, ValueError):
-            continue
-        if {"talker", "predictor"} <= set(d.get("parts", {})) and (best is None or d.get("created", 0) > best[0]):
-            best = (d.get("created", 0), manifest.parent)
-    return best[1] if best else None
-
-
-def resolve_backend(requested: str, folder: Path) -> str:
-    """`auto` -> `ane` where Core ML predictions run (macOS 15+, coremltools) and the model has an export, else
-    `cpu`; `cpu` and `ane` stay as they are."""
-    if requested != "auto":
-        return requested
-    from leapvox.engine.coreml_runtime import unavailable_reason
-
-    return "ane" if unavailable_reason() is None and find_export(folder) is not None else "cpu"
-
-
-def load_ane_backend(folder: Path, talker: Talker, compute_units: str = "cpu_and_ne", model_name: str | None = None):
-    """The Core ML backend over this model's newest export; one-line errors (exit 2) with a hint otherwise."""
-    from leapvox.engine.coreml_runtime import check_available, load_backend
-    from leapvox.engine.errors import InputError
-
-    check_available()
-    export = find_export(folder)
-    if export is None:
-        raise InputError(f"no Core ML export of this model in {export_root()}",
-                         hint=f"leapvox export-coreml --model {model_name or folder}, or use --backend cpu")
-    return load_backend(export, talker, compute_units)
-
-
-def model_revision(folder: Path) -> str:
-    """The Hub commit for a Hugging Face snapshot folder (its name), else 'local'."""
-    folder = Path(folder).resolve()
-    return folder.name[:12] if folder.parent.name == "snapshots" else "local"
-
-
 def export_dir(folder: Path, settings: ExportSettings) -> Path:
-    from .spec_assets import model_key
-
     return export_root() / f"{model_key(folder)}-{model_revision(folder)}-{settings.key()}"
 
 
@@ -501,10 +449,10 @@ def export_modules(talker: Talker, dest: Path, settings: ExportSettings, offsets
 
 def export_model(folder: Path, settings: ExportSettings, say: Callable[[str], None] = print) -> tuple[Path, dict]:
     """Load the checkpoint in `folder` (fp32), pick up its spec offsets, export into the coreml folder."""
-    from .checkpoint import load_model
+    from .load import load_model
     from .spec_assets import load_offsets
 
-    model = load_model(folder, dtype="fp32")
+    model = load_model(folder, weights="fp32")
     talker = model.tts.talker
     offsets, opath = load_offsets(folder, talker.code_predictor.cfg.hidden_size)
     if offsets is None and "predictor" in settings.parts:

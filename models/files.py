@@ -8,7 +8,8 @@ import tempfile
 from pathlib import Path
 
 
-def _umask() -> int:
+def umask() -> int:
+    """The process umask (read without changing it)."""
     mask = os.umask(0)
     os.umask(mask)
     return mask
@@ -20,7 +21,7 @@ def write_bytes_atomic(path: str | Path, data: bytes) -> Path:
     path = Path(path)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".part", dir=path.parent)
     try:
-        os.chmod(fd, 0o666 & ~_umask())
+        os.chmod(fd, 0o666 & ~umask())
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()

@@ -22,6 +22,7 @@ from leapvox.engine.errors import LeapvoxError, ModelNotFoundError
 
 from .catalog import CATALOG, CatalogEntry, ModelSpec, human_size, resolve_model
 from .files import write_text_atomic
+from .paths import check_folder, leapvox_dirs
 
 COMMIT = re.compile(r"^[0-9a-f]{40}$")
 # Files without which a checkpoint cannot load, whatever else the repo holds.
@@ -42,28 +43,6 @@ def _say_nothing(msg: str) -> None:
 
 
 # ---- where files live ------------------------------------------------------------------------------------------
-
-def leapvox_dirs() -> dict[str, Path]:
-    """leapvox's own folders (platformdirs, appname "leapvox"); $LEAPVOX_HOME puts them all under one folder."""
-    home = os.environ.get("LEAPVOX_HOME")
-    if home:
-        data, config, cache = (Path(home).expanduser() / d for d in ("data", "config", "cache"))
-    else:
-        from platformdirs import PlatformDirs
-
-        d = PlatformDirs("leapvox", appauthor=False)
-        data, config, cache = Path(d.user_data_dir), Path(d.user_config_dir), Path(d.user_cache_dir)
-    return {
-        "data": data,
-        "config": config,
-        "cache": cache,
-        "manifests": data / "manifests",
-        "offsets": data / "offsets",
-        "trees": data / "trees",
-        "coreml": data / "coreml",
-        "settings": config / "settings.json",
-    }
-
 
 def hf_cache_dir() -> Path:
     from huggingface_hub import constants
@@ -306,8 +285,6 @@ def _download(spec: ModelSpec, commit: str, names: list[str], progress: bool) ->
 def ensure(spec: ModelSpec, pull_missing: bool = False, say: Callable[[str], None] = _say_nothing,
            progress: bool = False) -> Path:
     """The checkpoint folder for a spec. A cached snapshot is checked first; a damaged one is never returned."""
-    from .checkpoint import check_folder
-
     if not spec.on_hub:
         return check_folder(spec.folder)
     m, problems = local_state(spec)

@@ -8,7 +8,6 @@ The model key names the folder and hashes its resolved path (a Hugging Face snap
 
 from __future__ import annotations
 
-import hashlib
 import json
 from pathlib import Path
 
@@ -17,26 +16,17 @@ import torch
 from leapvox.engine.errors import CheckpointError
 from leapvox.engine.spec import DraftTree, default_tree
 
+from .paths import leapvox_dirs, model_key
+
 BESIDE = "leapvox_offsets.safetensors"
 
 
-def _dirs() -> dict[str, Path]:
-    from .hub import leapvox_dirs
-
-    return leapvox_dirs()
-
-
-def model_key(folder: Path) -> str:
-    folder = Path(folder).resolve()
-    return f"{folder.name}-{hashlib.sha1(str(folder).encode()).hexdigest()[:10]}"
-
-
 def offsets_path(folder: Path) -> Path:
-    return _dirs()["offsets"] / f"{model_key(folder)}.safetensors"
+    return leapvox_dirs()["offsets"] / f"{model_key(folder)}.safetensors"
 
 
 def tree_path(folder: Path, backend: str = "cpu", device: str = "cpu") -> Path:
-    return _dirs()["trees"] / f"{model_key(folder)}-{backend}-{device}.json"
+    return leapvox_dirs()["trees"] / f"{model_key(folder)}-{backend}-{device}.json"
 
 
 def save_offsets(path: Path, offsets: torch.Tensor, meta: dict) -> Path:

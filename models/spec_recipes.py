@@ -15,12 +15,11 @@ import torch
 import torch.nn.functional as F
 
 from leapvox.engine.code_predictor import CodePredictor
-from leapvox.engine.generate import predict_codes
 from leapvox.engine.options import SynthesisOptions, validate
-from leapvox.engine.predictor_loop import loop_for
+from leapvox.engine.predictor import loop_for, predict_codes
 from leapvox.engine.prompt import build_prompt
 from leapvox.engine.sampling import SamplingParams, temperature_top_k_top_p
-from leapvox.engine.spec import DraftTree, SpecDecoder, predict_codes_spec
+from leapvox.engine.spec import DraftPlan, DraftTree, SpecStats, predict_codes_spec
 from leapvox.engine.synthesis import Synthesizer
 
 
@@ -293,14 +292,14 @@ class SpecRun:
 
 
 @torch.inference_mode()
-def run_spec(cp: CodePredictor, frames: Frames, spec: SpecDecoder, params: SamplingParams, seed: int = 0) -> SpecRun:
+def run_spec(cp: CodePredictor, frames: Frames, plan: DraftPlan, params: SamplingParams, seed: int = 0) -> SpecRun:
     """Run spec decoding on every frame's (h, C(c0)), recording each frame's calls."""
     g = torch.Generator().manual_seed(seed) if params.do_sample else None
-    s, calls, tokens = spec.stats, [], []
+    s, calls, tokens = SpecStats(), [], []
     t = time.perf_counter()
     for i in range(len(frames.codes)):
         c0, k0 = s.calls, s.tokens
-        predict_codes_spec(cp, frames.hidden[i : i + 1, None], frames.code0_embed[i : i + 1, None], params, g, spec)
+        predict_codes_spec(cp, frames.hidden[i : i + 1, None], frames.code0_embed[i : i + 1, None], params, g, plan, s)
         calls.append(s.calls - c0)
         tokens.append(s.tokens - k0)
     elapsed = time.perf_counter() - t
@@ -308,9 +307,9 @@ def run_spec(cp: CodePredictor, frames: Frames, spec: SpecDecoder, params: Sampl
     return SpecRun(np.array(tokens), np.array(calls), per_depth, elapsed)
 
 
-def measure_spec(cp: CodePredictor, frames: Frames, spec: SpecDecoder, params: SamplingParams, seed: int = 0):
+def measure_spec(cp: CodePredictor, frames: Frames, plan: DraftPlan, params: SamplingParams, seed: int = 0):
     """(tokens per call, per-depth acceptance, seconds) of spec decoding over the frames."""
-    r = run_spec(cp, frames, spec, params, seed)
+    r = run_spec(cp, frames, plan, params, seed)
     return r.tokens_per_call, r.per_depth, r.seconds
 
 

@@ -139,7 +139,7 @@ def train_window(model_path: str, data_dir: str, out_dir: str, window: int, step
                  lr: float = 2e-4, alpha: float = 0.1, ce_weight: float = 0.5, schedule: WindowSchedule | None = None,
                  cp_fraction: float = 0.25, heldout: int = 64, seed: int = 0, log=print) -> dict:
     """Adapt `model_path` to `window` frames; writes the adapted checkpoint folder `out_dir`; returns the report."""
-    from leapvox.models.checkpoint import load_model
+    from leapvox.models.load import load_model
 
     if window < 1 or steps < 1:
         raise InputError("--window and --steps must be >= 1")

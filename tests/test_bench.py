@@ -77,7 +77,7 @@ def test_official_configs_have_the_published_sizes():
 
 
 def test_checkpoint_loads_tokenizes_and_is_reused(tiny_folder):
-    from leapvox.models.checkpoint import load_model
+    from leapvox.models.load import load_model
 
     m = load_model(tiny_folder)
     ids = m.tokenizer.encode("<|im_start|>assistant\nHi<|im_end|>")

@@ -196,7 +196,7 @@ def test_demo_wer_mode_none_runs_only_the_predictor_diagnostic(tmp_path, capsys,
     import numpy as np
     import torch
 
-    from leapvox.app import demo_cmd
+    from leapvox.app.recipes import demo as demo_cmd
     from leapvox.models.demo import quality
 
     code, out, err = run(capsys, "demo", "wer", "--data", str(tmp_path), "--what", "codec", "--mode", "none")

@@ -8,7 +8,7 @@ import json
 import soundfile as sf
 
 from leapvox.app.cli import main
-from leapvox.engine.modes import MODES
+from leapvox.engine.options import MODES
 
 from .conftest import FIXTURES
 

@@ -18,9 +18,9 @@ from leapvox.engine.coreml_wrappers import (
     new_kv_state,
     rms_norm,
 )
-from leapvox.engine.generate import predict_codes
+from leapvox.engine.predictor import predict_codes
 from leapvox.engine.sampling import SamplingParams
-from leapvox.engine.spec import DEFAULT_TREE, SpecDecoder, predict_codes_spec
+from leapvox.engine.spec import DEFAULT_TREE, DraftPlan, SpecStats, predict_codes_spec
 from leapvox.models.coreml_export import (
     ExportSettings,
     calibrate_predictor,
@@ -183,12 +183,12 @@ def test_fused_draft_and_verify_equal_spec_mode(tiny_model, per_position):
     calls, slots = predictor_calls(cp, DEFAULT_TREE, offsets)
     for seed in range(6):
         h, c0 = frame_inputs(talker, seed)
-        spec = SpecDecoder(DEFAULT_TREE, offsets)
+        spec, stats = DraftPlan(DEFAULT_TREE, offsets), SpecStats()
         cp.model.setup_cache(16 + DEFAULT_TREE.size + 2)
-        ref = predict_codes_spec(cp, h, c0, GREEDY, None, spec)[0].tolist()
+        ref = predict_codes_spec(cp, h, c0, GREEDY, None, spec, stats)[0].tolist()
         codes, n_calls = wrapper_spec_frame(cp, calls, slots, DEFAULT_TREE, h, c0)
         assert codes == ref
-        assert n_calls == spec.stats.calls
+        assert n_calls == stats.calls
 
 
 @torch.no_grad()
@@ -305,7 +305,7 @@ def test_fp16_and_int8_weights_stay_within_measured_tolerance(tiny_model):
 def test_activation_figures_fit_fp16(tiny_model):
     """Max activation magnitudes in fp32 (tiny model and a random-weight 0.6B-size predictor) stay far below fp16's
     65504; RMSNorm's sum of squares is what comes closest, hence the power-of-two input scales."""
-    from leapvox.app.spec_cmd import PREDICTOR_0_6B
+    from leapvox.app.recipes.offsets import PREDICTOR_0_6B
     from leapvox.engine.code_predictor import CodePredictor
     from leapvox.engine.config import CodePredictorConfig
 

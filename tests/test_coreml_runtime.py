@@ -26,7 +26,7 @@ import torch
 
 from leapvox.engine.coreml_runtime import CoreMLBackend
 from leapvox.engine.errors import InputError
-from leapvox.engine.spec import DEFAULT_TREE, DraftTree, SpecDecoder
+from leapvox.engine.spec import DEFAULT_TREE, DraftPlan, DraftTree, SpecStats
 from leapvox.models.coreml_export import ExportSettings, predictor_functions, talker_functions
 
 from .conftest import FIXTURES
@@ -95,17 +95,14 @@ def stand_in_backend(talker, settings: ExportSettings, offsets=None) -> CoreMLBa
 
 @pytest.fixture
 def fixture_model(tmp_path, monkeypatch):
-    from leapvox.models.checkpoint import load_model
+    from leapvox.models.load import load_model
 
     monkeypatch.setenv("LEAPVOX_HOME", str(tmp_path))  # no stored offsets or trees
     return load_model(FIXTURES / "tiny-0b6")
 
 
-def codes_of(model, backend, opts, spec: SpecDecoder | None = None, text: str = TEXT):
-    synth = model.synthesizer()
-    synth.backend = backend
-    if spec is not None:
-        synth.spec = spec
+def codes_of(model, backend, opts, spec: DraftPlan | None = None, text: str = TEXT):
+    synth = replace(model, backend=backend, plan=spec or model.plan).synthesizer()
     codes, stats, warnings = synth.generate_codes(text, opts)
     return codes.tolist(), stats, warnings
 
@@ -122,7 +119,7 @@ def test_greedy_codes_equal_the_torch_backend(fixture_model, tree):
     offsets = 0.5 * torch.randn(15, tree.max_depth, hc, generator=torch.Generator().manual_seed(1))
     settings = ExportSettings(prefill_len=64, context=96, tree_paths=tuple(tree.paths()[1:]), drafts=tree.max_depth)
     backend = stand_in_backend(m.tts.talker, settings, offsets)
-    spec = SpecDecoder(tree, offsets)
+    spec = DraftPlan(tree, offsets)
     for layout in ("non-streaming", "streaming"):
         opts = replace(m.defaults, max_frames=14, text_layout=layout).greedy()
         for mode in ("ar", "spec"):
@@ -145,7 +142,7 @@ def test_seeded_sampling_equals_the_torch_backend(fixture_model, mode):
     offsets = 0.3 * torch.randn(3, hc, generator=torch.Generator().manual_seed(2))  # shared offsets [K, Hc]
     settings = ExportSettings(prefill_len=64, context=96)
     backend = stand_in_backend(m.tts.talker, settings, offsets)
-    spec = SpecDecoder(DEFAULT_TREE, offsets)
+    spec = DraftPlan(DEFAULT_TREE, offsets)
     for seed in (0, 7):
         opts = replace(m.defaults, max_frames=12, seed=seed, mode=mode)
         ref, ref_stats, _ = codes_of(m, None, opts, spec)
@@ -160,26 +157,26 @@ def test_spec_commits_the_kv_rows_of_ar(fixture_model):
     """After a greedy spec frame, the predictor state's committed slots (in position order) hold the K/V rows that
     the engine's predictor stack caches for the same 16 input rows (h, C(code 0), codes 1..14) in one causal pass:
     accepted rows are committed where they were written."""
-    from leapvox.engine.generate import predict_codes
+    from leapvox.engine.predictor import predict_codes
     from leapvox.engine.sampling import SamplingParams
 
     m = fixture_model
     talker, cp = m.tts.talker, m.tts.talker.code_predictor
     backend = stand_in_backend(talker, ExportSettings(prefill_len=64, context=96))
-    backend.setup(10, 4, SpecDecoder())
+    backend.setup(10, 4)
     greedy = SamplingParams(do_sample=False)
     g = torch.Generator().manual_seed(5)
     for _ in range(3):
         h = torch.randn(1, 1, talker.cfg.hidden_size, generator=g)
         c0 = talker.embed_codec(torch.randint(0, 2048, (1, 1), generator=g))
-        spec = SpecDecoder(DEFAULT_TREE)
-        codes = backend.verify(h, c0, greedy, None, spec)
+        spec, stats = DraftPlan(DEFAULT_TREE), SpecStats()
+        codes = backend.verify(h, c0, greedy, None, spec, stats)
         assert predict_codes(cp, h, c0, greedy, None).tolist() == codes.tolist()
         rows = [cp.prefill_rows(h, c0)] + [cp.embed(i, codes[:, i - 1 : i]) for i in range(1, 15)]
         cp.model.setup_cache(18)
         cp.model(torch.cat(rows, dim=1), 0)  # positions 0..15
         slots = backend.slots.committed[:16]
-        assert len(backend.slots.committed) >= 16 and spec.stats.calls < 15
+        assert len(backend.slots.committed) >= 16 and stats.calls < 15
         for layer, cache in enumerate(cp.model.caches):
             k_state, v_state = backend.p_state[2 * layer], backend.p_state[2 * layer + 1]
             assert (k_state[0][:, slots] - cache.k[0, :, :16]).abs().max() < 1e-5
@@ -234,26 +231,26 @@ def test_backend_ane_off_macos_is_one_line_exit_2(tmp_path, capsys, command):
 
 def test_auto_is_cpu_without_core_ml_or_export(tmp_path, monkeypatch):
     from leapvox.engine import coreml_runtime
-    from leapvox.models import coreml_export
+    from leapvox.models import coreml_assets, coreml_export
 
     monkeypatch.setenv("LEAPVOX_HOME", str(tmp_path))
     folder = FIXTURES / "tiny-0b6"
     if not ON_MAC:
-        assert coreml_export.resolve_backend("auto", folder) == "cpu"
+        assert coreml_assets.resolve_backend("auto", folder) == "cpu"
     monkeypatch.setattr(coreml_runtime, "unavailable_reason", lambda: None)  # as on a Mac with coremltools
-    assert coreml_export.resolve_backend("auto", folder) == "cpu"  # ... but no export of this model
-    assert coreml_export.resolve_backend("cpu", folder) == "cpu"
+    assert coreml_assets.resolve_backend("auto", folder) == "cpu"  # ... but no export of this model
+    assert coreml_assets.resolve_backend("cpu", folder) == "cpu"
     with pytest.raises(InputError, match="no Core ML export of this model") as e:
-        coreml_export.load_ane_backend(folder, None, model_name="tiny")
+        coreml_assets.load_ane_backend(folder, None, model_name="tiny")
     assert e.value.hint.startswith("leapvox export-coreml --model tiny")
     # an export with both parts makes auto pick ane; the newest one wins
     for name, created in (("a", 1.0), ("b", 2.0)):
-        d = coreml_export.export_root() / f"{coreml_export.export_dir(folder, ExportSettings()).name}{name}"
+        d = coreml_assets.export_root() / f"{coreml_export.export_dir(folder, ExportSettings()).name}{name}"
         d.mkdir(parents=True)
         (d / "manifest.json").write_text(f'{{"created": {created}, "parts": {{"talker": {{}}, "predictor": {{}}}}}}')
-    assert coreml_export.find_export(folder).name.endswith("b")
-    assert coreml_export.resolve_backend("auto", folder) == "ane"
-    assert coreml_export.export_root().parent.name == "data"  # assets live in the data folder
+    assert coreml_assets.find_export(folder).name.endswith("b")
+    assert coreml_assets.resolve_backend("auto", folder) == "ane"
+    assert coreml_assets.export_root().parent.name == "data"  # assets live in the data folder
 
 
 def test_speak_help_explains_backends(capsys):

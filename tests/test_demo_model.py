@@ -53,7 +53,7 @@ def test_speak_without_model_uses_the_demo_offline(tmp_path, monkeypatch, capsys
 
 def test_demo_stops_by_itself_with_plausible_lengths():
     """Seeded sampling, default settings: every utterance ends on the end-of-speech code, longer text longer."""
-    from leapvox.models.checkpoint import load_model
+    from leapvox.models.load import load_model
 
     m = load_model(DEMO_DIR)
     synth = m.synthesizer()
@@ -69,11 +69,10 @@ def test_demo_streams_like_the_tui_and_play_do():
     """stream_speech (behind speak --play and the TUI) runs on the demo codec's streaming decoder."""
     import numpy as np
 
-    from leapvox.engine.streaming import stream_speech
-    from leapvox.models.checkpoint import load_model
+    from leapvox.models.load import load_model
 
     m = load_model(DEMO_DIR)
-    chunks = list(stream_speech(m.synthesizer(), "Hello there. How are you today?", replace(m.defaults, seed=2)))
+    chunks = list(m.synthesizer().stream("Hello there. How are you today?", replace(m.defaults, seed=2)))
     audio = np.concatenate([c.audio for c in chunks])
     assert len(chunks) >= 2 and len(audio) > 24000 // 2 and np.isfinite(audio).all()
 
@@ -83,7 +82,7 @@ def test_demo_ships_trained_spec_offsets_and_spec_stays_exact(tmp_path, monkeypa
     notice), and with it greedy spec still equals greedy ar token for token (verification never sees the offsets)."""
     import torch
 
-    from leapvox.models.checkpoint import load_model
+    from leapvox.models.load import load_model
     from leapvox.models.spec_assets import BESIDE, load_offsets
 
     monkeypatch.setenv("LEAPVOX_HOME", str(tmp_path))  # nothing from the data folder: only what ships
@@ -92,8 +91,8 @@ def test_demo_ships_trained_spec_offsets_and_spec_stays_exact(tmp_path, monkeypa
     assert path == DEMO_DIR / BESIDE and offsets.shape == (7, m.tts.talker.code_predictor.cfg.hidden_size)
     assert offsets.abs().sum() > 0  # trained, not the zero baseline
     synth = m.synthesizer()
-    assert synth.spec.offsets is not None
-    assert synth.spec.tree.max_depth == synth.spec.depth == 7  # no calibrated tree: the default drafts 7 deep
+    assert synth.plan.offsets is not None
+    assert synth.plan.tree.max_depth == synth.plan.depth == 7  # no calibrated tree: the default drafts 7 deep
     opts = replace(m.defaults, max_frames=30).greedy()
     ar, _, _ = synth.generate_codes("The quick brown fox.", opts)
     sp, stats, warnings = synth.generate_codes("The quick brown fox.", replace(opts, mode="spec"))

@@ -93,9 +93,9 @@ def test_grown_predictor_starts_as_the_smaller_one():
 def test_teacher_forced_codes_keep_code_0_and_sample_the_rest():
     """The WER diagnostic `demo wer --what predictor`: true code 0 of the canonical rendition, the bundled model's
     codes 1..15 (seeded per sentence, so reruns agree)."""
-    from leapvox.models.checkpoint import load_model
-    from leapvox.models.demo.data import CANONICAL
     from leapvox.models.demo.quality import teacher_forced_codes
+    from leapvox.models.frontend import CANONICAL
+    from leapvox.models.load import load_model
 
     g = torch.Generator().manual_seed(1)
     lengths = [7, 9, 5]
@@ -199,10 +199,10 @@ def test_sampled_residuals_are_the_predictors_own_codes_for_the_input_only():
     """`--sampled-residuals`: the talker's input rows carry codes 1..15 that the model's predictor draws from the
     talker hidden of each frame (greedy here, so the batched draw must equal the engine's per-frame loop), while
     the code-0 targets and the frames the predictor learns from stay the true ones."""
-    from leapvox.engine.generate import predict_codes
+    from leapvox.engine.predictor import predict_codes
     from leapvox.engine.sampling import SamplingParams
-    from leapvox.models.checkpoint import load_model
     from leapvox.models.demo.train import Example, make_batch, sampled_residuals
+    from leapvox.models.load import load_model
 
     m = load_model(DEMO_DIR)
     tts, cfg, tok = m.tts.eval(), m.config, m.tokenizer

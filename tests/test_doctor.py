@@ -12,7 +12,8 @@ from importlib.metadata import version
 
 import pytest
 
-from leapvox.app import doctor_cmd, playback
+from leapvox.app import doctor as doctor_cmd
+from leapvox.app import playback
 from leapvox.app.cli import main
 from leapvox.models import hub
 from leapvox.models.catalog import CATALOG, bundled_ready, spec_for_entry

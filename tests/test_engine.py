@@ -2,10 +2,13 @@
 
 import torch
 
-from leapvox.engine.generate import DecodeStats, generate_frames, predict_codes
+from leapvox.engine.backend import TorchBackend
+from leapvox.engine.decode import DecodeStats
 from leapvox.engine.options import SynthesisOptions, guard_frames
+from leapvox.engine.predictor import predict_codes
 from leapvox.engine.prompt import build_prompt, control_prefix
 from leapvox.engine.sampling import SamplingParams
+from leapvox.engine.synthesis import decode_frames
 
 # <|im_start|> assistant \n  t1 t2 t3 t4  <|im_end|> \n <|im_start|> assistant \n
 IDS = [190, 150, 10, 20, 21, 22, 23, 191, 10, 190, 150, 10]
@@ -73,7 +76,7 @@ def _run(cfg, model, opts, max_frames):
     prompt = build_prompt(model.talker, cfg, IDS, "ryan", "english")
     stats = DecodeStats()
     gen = torch.Generator().manual_seed(opts.seed or 0)
-    frames = list(generate_frames(model.talker, prompt, opts, max_frames, gen, stats))
+    frames = list(decode_frames(TorchBackend(model.talker), model.talker, prompt, opts, max_frames, gen, stats))
     return frames, stats
 
 

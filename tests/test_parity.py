@@ -16,7 +16,7 @@ from safetensors.torch import load_file
 from leapvox.engine.options import SynthesisOptions
 from leapvox.engine.prompt import build_prompt, wrap_instruct, wrap_text
 from leapvox.engine.sampling import SamplingParams
-from leapvox.models.checkpoint import load_model
+from leapvox.models.load import load_model
 
 from .conftest import FIXTURES
 

@@ -7,8 +7,7 @@ import torch
 
 from leapvox.engine.code_predictor import CodePredictor
 from leapvox.engine.config import CodePredictorConfig
-from leapvox.engine.generate import predict_codes
-from leapvox.engine.predictor_loop import PredictorLoop, loop_for, predict_codes_reference
+from leapvox.engine.predictor import PredictorLoop, loop_for, predict_codes, predict_codes_reference
 from leapvox.engine.quant import Int8Linear
 from leapvox.engine.sampling import SamplingParams
 
@@ -105,7 +104,7 @@ def test_verify_rows_equal_the_module_path_and_commit_moves_rows(weights):
 
 
 def test_split_product_uses_two_halves_and_keeps_bits():
-    from leapvox.engine.predictor_loop import product
+    from leapvox.engine.predictor import product
 
     for out_features, bias in ((10, True), (64, False), (9, False)):  # biased or odd: the plain product
         lin = torch.nn.Linear(32, out_features, bias=bias)

@@ -101,9 +101,9 @@ def test_int8_logits_stay_close_to_fp32(tiny_model):
 @pytest.mark.parametrize("ckpt", ["tiny-0b6", "tiny-1b7"])
 def test_int8_code_agreement_with_fp32(ckpt):
     from leapvox.models.bench import code_agreement
-    from leapvox.models.checkpoint import load_model
+    from leapvox.models.load import load_model
 
-    ref, q = load_model(FIXTURES / ckpt), load_model(FIXTURES / ckpt, dtype="int8")
+    ref, q = load_model(FIXTURES / ckpt), load_model(FIXTURES / ckpt, weights="int8")
     assert q.weights == "int8" and ref.weights == "fp32"
     assert any(isinstance(m, Int8Linear) for m in q.tts.modules())
     a = code_agreement(ref, q, "Hello world, this is a test.", frames=20, seed=1)

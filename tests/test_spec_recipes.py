@@ -4,7 +4,7 @@ import torch
 
 from leapvox.engine.spec import DraftTree
 from leapvox.models import spec_recipes as R
-from leapvox.models.checkpoint import load_model
+from leapvox.models.load import load_model
 
 from .conftest import FIXTURES
 
@@ -109,7 +109,7 @@ def test_tv_offset_training_raises_the_acceptance_rate():
 def test_self_sampled_frames_keep_code0_and_match_unbatched_greedy():
     from dataclasses import replace
 
-    from leapvox.engine.generate import predict_codes
+    from leapvox.engine.predictor import predict_codes
 
     m, cp, frames = _tiny_frames()
     greedy = replace(m.defaults.predictor, do_sample=False)
@@ -124,10 +124,10 @@ def test_self_sampled_frames_keep_code0_and_match_unbatched_greedy():
 
 
 def test_run_spec_counts_every_frame():
-    from leapvox.engine.spec import DEFAULT_TREE, SpecDecoder
+    from leapvox.engine.spec import DEFAULT_TREE, DraftPlan
 
     m, cp, frames = _tiny_frames()
-    r = R.run_spec(cp, frames, SpecDecoder(DEFAULT_TREE, None), m.defaults.predictor)
+    r = R.run_spec(cp, frames, DraftPlan(DEFAULT_TREE, None), m.defaults.predictor)
     assert (r.tokens == 15).all() and (r.calls >= 1).all() and (r.calls <= 15).all()
     assert r.tokens_per_call == r.tokens.sum() / r.calls.sum()
 

@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 
 from leapvox.engine.errors import InputError
-from leapvox.engine.modes import MODES
-from leapvox.engine.options import SynthesisOptions
-from leapvox.engine.streaming import CROSSFADE_S, _Joiner, split_sentences, stream_speech
-from leapvox.models.checkpoint import load_model
+from leapvox.engine.options import MODES, SynthesisOptions
+from leapvox.engine.streaming import CROSSFADE_S, Joiner
+from leapvox.engine.text import split_sentences
+from leapvox.models.load import load_model
 
 from .conftest import FIXTURES
 
@@ -28,7 +28,7 @@ def opts(**kw) -> SynthesisOptions:
 
 
 def collect(text, o, **kw):
-    chunks = list(stream_speech(model().synthesizer(), text, o, **kw))
+    chunks = list(model().synthesizer().stream(text, o, **kw))
     return np.concatenate([c.audio for c in chunks]), chunks
 
 
@@ -98,13 +98,13 @@ def test_cancel_stops_within_a_frame():
 def test_mode_option_validated_against_available_modes():
     assert MODES[0] == "ar" and SynthesisOptions().mode == "ar"
     with pytest.raises(InputError) as e:
-        next(stream_speech(model().synthesizer(), "Hi.", opts(mode="turbo")))
+        next(model().synthesizer().stream("Hi.", opts(mode="turbo")))
     assert "turbo" in str(e.value) and ", ".join(MODES) in e.value.hint
 
 
 def test_empty_text_is_an_input_error():
     with pytest.raises(InputError):
-        next(stream_speech(model().synthesizer(), "  \n ", opts()))
+        next(model().synthesizer().stream("  \n ", opts()))
 
 
 @pytest.mark.parametrize(
@@ -149,7 +149,7 @@ def test_split_10k_characters_fast_and_lossless():
 
 
 def test_joiner_crossfade_is_equal_power_and_keeps_sentences_intact():
-    j = _Joiner(4)
+    j = Joiner(4)
     a, b = np.ones(10, np.float32), -np.ones(10, np.float32)
     out = [j.add(a)]
     j.end_sentence()

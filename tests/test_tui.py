@@ -19,8 +19,9 @@ from leapvox.app.tui.app import LeapvoxApp
 from leapvox.app.tui.history import History
 from leapvox.app.tui.model_info import ModelInfo
 from leapvox.app.tui.readout import Readout
-from leapvox.engine.modes import MODES, available_backends
-from leapvox.models.checkpoint import load_model
+from leapvox.engine.backend import available_backends
+from leapvox.engine.options import MODES
+from leapvox.models.load import load_model
 
 from .conftest import FIXTURES
 from .test_playback import FakeOutputStream

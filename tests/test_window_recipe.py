@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from leapvox.engine.windowed import RingCache
+from leapvox.engine.caches import RingCache
 from leapvox.models.window_recipe import WindowSchedule, skew_kl, window_bias
 
 
@@ -77,7 +77,7 @@ def test_train_window_end_to_end_on_the_demo_model(tmp_path):
     """A few steps on the bundled demo model with synthetic data: adapted checkpoint written, loadable, picked up."""
     from leapvox.app.cli import main
     from leapvox.models.catalog import DEMO_DIR
-    from leapvox.models.checkpoint import load_model
+    from leapvox.models.load import load_model
 
     data = tmp_path / "data"
     data.mkdir()

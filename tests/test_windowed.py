@@ -8,12 +8,13 @@ from dataclasses import replace
 import pytest
 import torch
 
+from leapvox.engine.backend import TorchBackend
+from leapvox.engine.caches import RingCache, window_mask
+from leapvox.engine.decode import DecodeStats, SpecCodes, frame_loop
 from leapvox.engine.errors import InputError
-from leapvox.engine.generate import DecodeStats
 from leapvox.engine.options import SynthesisOptions, validate
 from leapvox.engine.prompt import build_prompt
-from leapvox.engine.spec import SpecDecoder
-from leapvox.engine.windowed import RingCache, generate_frames_windowed, window_mask
+from leapvox.engine.spec import DraftPlan
 
 from .conftest import FIXTURES
 
@@ -22,7 +23,7 @@ TEXT = "Hello world, this is a test."
 
 @pytest.fixture(scope="module")
 def fixture_model(tmp_path_factory):
-    from leapvox.models.checkpoint import load_model
+    from leapvox.models.load import load_model
 
     mp = pytest.MonkeyPatch()
     mp.setenv("LEAPVOX_HOME", str(tmp_path_factory.mktemp("home")))  # no stored offsets or trees
@@ -57,7 +58,11 @@ def test_windowed_combines_with_spec(fixture_model):
     plain, _, _ = synth.generate_codes(TEXT, opts)
     prompt = build_prompt(synth.tts.talker, synth.cfg, synth.text_ids(TEXT), validate(opts, synth.cfg).speaker, "auto")
     stats = DecodeStats()
-    frames = list(generate_frames_windowed(synth.tts.talker, prompt, opts, 10, None, stats, spec=SpecDecoder()))
+    backend = TorchBackend(synth.tts.talker)  # the loop is mode-agnostic: a ring cache with spec's verify calls
+    cap = backend.setup(prompt.embeds.shape[1], 10, window=opts.window)
+    codes = SpecCodes(backend, DraftPlan())
+    stats.spec = codes.stats
+    frames = list(frame_loop(backend, codes, synth.tts.talker, prompt, opts, cap, None, stats))
     assert torch.stack(frames).tolist() == plain.tolist()
     assert stats.spec.tokens == 15 * len(frames)
 
@@ -123,7 +128,8 @@ def test_window_option_is_validated(tiny_model):
 
 
 def test_cli_window_flag_reaches_the_options():
-    from leapvox.app.cli import build_parser, speak_options
+    from leapvox.app.cli import build_parser
+    from leapvox.app.common import speak_options
 
     args = build_parser().parse_args(["speak", "hi", "-o", "x.wav", "--mode", "windowed", "--window", "12"])
     opts = speak_options(args, SynthesisOptions())
@@ -133,7 +139,7 @@ def test_cli_window_flag_reaches_the_options():
 
 
 def test_bench_window_reports_flat_windowed_kv(tmp_path):
-    from leapvox.app.window_cmd import bench_window, random_talker
+    from leapvox.app.recipes.window import bench_window, random_talker
 
     from .conftest import tiny_config_dict
 

@@ -19,8 +19,9 @@ from textual.widgets import Button, Footer, Header, TextArea
 from textual.worker import get_current_worker
 
 from leapvox.app.playback import AudioUnavailable, Player, output_devices
+from leapvox.engine.backend import available_backends
 from leapvox.engine.errors import LeapvoxError
-from leapvox.engine.modes import MODES, available_backends
+from leapvox.engine.options import MODES
 
 from .history import History
 from .messages import ModelFailed, ModelReady, SpeechFinished, SpeechProgress
@@ -47,7 +48,7 @@ class LeapvoxApp(App):
         model_path: str | None = None,
         *,
         model=None,
-        dtype: str = "fp32",
+        weights: str = "fp32",
         options=None,
         device: int | None = None,
         player_factory: Callable[[int], Player] | None = None,
@@ -59,7 +60,7 @@ class LeapvoxApp(App):
         (the model's defaults otherwise); `player_factory(sample_rate)` replaces the sound-card player; `backend`
         is the one selected at the start (cpu, cuda or ane; ane runs with `compute_units`)."""
         super().__init__()
-        self.model_path, self.model, self.dtype, self.options = model_path, model, dtype, options
+        self.model_path, self.model, self.weights, self.options = model_path, model, weights, options
         self.device, self.player_factory, self.save_dir = device, player_factory, Path(save_dir)
         self.audio_off: str | None = None  # why there is no sound, once known
         self.backend = "cpu"  # what runs the model now; the selector's choice is applied before each utterance
@@ -114,10 +115,9 @@ class LeapvoxApp(App):
     @work(thread=True, group="model", exit_on_error=False)
     def load_model(self) -> None:
         try:
-            from leapvox.models.checkpoint import load_model
-            from leapvox.models.hub import resolve_model_path
+            from leapvox.models.load import load_model
 
-            model = load_model(resolve_model_path(self.model_path, pull=False), self.dtype)
+            model = load_model(self.model_path, self.weights)
             self._warm_up(model)
             self.post_message(ModelReady(model))
         except LeapvoxError as e:
@@ -128,9 +128,8 @@ class LeapvoxApp(App):
     @staticmethod
     def _warm_up(model) -> None:
         """Two frames, unmeasured: the first calls into torch pay one-time costs that would skew first audio."""
-        from leapvox.engine.streaming import stream_speech
 
-        for _ in stream_speech(model.synthesizer(), "Hello.", replace(model.defaults, max_frames=2)):
+        for _ in model.synthesizer().stream("Hello.", replace(model.defaults, max_frames=2)):
             pass
 
     def on_model_ready(self, msg: ModelReady) -> None:
@@ -180,14 +179,13 @@ class LeapvoxApp(App):
 
     @work(thread=True, exclusive=True, group="speak", exit_on_error=False)
     def speak(self, text: str, opts, backend: str) -> None:
-        from leapvox.engine.streaming import stream_speech
 
         worker = get_current_worker()
         player, audio, stats = None, [], None
         try:
             self._use_backend(backend)
             player = self._open_player()
-            for chunk in stream_speech(self.model.synthesizer(), text, opts, cancelled=lambda: worker.is_cancelled):
+            for chunk in self.model.synthesizer().stream(text, opts, cancelled=lambda: worker.is_cancelled):
                 audio.append(chunk.audio)
                 stats = chunk.stats
                 if player is not None:
@@ -238,12 +236,12 @@ class LeapvoxApp(App):
             device = torch.device("cpu" if backend == "ane" else backend)  # ane: host lookups on the CPU
             self.model.tts.to(device)
             self.model.codec.to(device)
-            self.model.backend, self.backend = None, device.type
+            ane = None
             if backend == "ane":  # the Core ML functions of the model's export (an error names the command)
-                from leapvox.models.coreml_export import load_ane_backend
+                from leapvox.models.coreml_assets import load_ane_backend
 
-                self.model.backend = load_ane_backend(self.model.path, self.model.tts.talker, self.compute_units)
-            self.backend = backend
+                ane = load_ane_backend(self.model.path, self.model.tts.talker, self.compute_units)
+            self.model, self.backend = replace(self.model, backend=ane), backend
 
     def on_speech_progress(self, msg: SpeechProgress) -> None:
         readout = self.query_one(Readout)

@@ -27,16 +27,14 @@ import numpy as np
 import torch
 
 from leapvox.models.files import write_text_atomic
+from leapvox.models.frontend import CANONICAL, VOICE, phoneme_string
 
 FORTUNES_DIR = Path("/usr/share/games/fortunes")
 FORTUNES_COPYRIGHT = Path("/usr/share/doc/fortunes/copyright")
 # fortune files left out of the corpus: jokes built on ethnic and gender stereotypes have no place in a product voice
 EXCLUDED_SOURCES = frozenset({"ethnic", "men-women"})
-VOICE = "en-us"
-CANONICAL = (175, 50)  # espeak-ng defaults: words per minute, pitch; every sentence gets this variant
 SPEEDS, PITCHES = (150, 175, 200), (40, 50, 60)
 ALLOWED = re.compile(r"[A-Za-z ,.;:!?'\"-]+")
-CLAUSE_END = re.compile(r"[,;:.!?]+(?=\s|$)")
 ABBREVIATION = re.compile(r"(^|\s)([A-Z]|Mr|Mrs|Ms|Dr|St|Jr|Sr|Ltd|Inc|Co|Prof|Gen|Col|Capt|Rev|vs|etc)\.$")
 
 
@@ -133,16 +131,6 @@ def to_24k(pcm: np.ndarray) -> torch.Tensor:
     from scipy.signal import resample_poly
 
     return torch.from_numpy(resample_poly(pcm.astype(np.float32) / 32768.0, 160, 147).astype(np.float32))
-
-
-def phoneme_string(text: str, clauses: list[str]) -> tuple[str, bool]:
-    """espeak prints one IPA line per clause and drops punctuation; put the text's clause punctuation back
-    ("həlˈoʊ, wˈɜːld."). Returns (string, aligned); when the counts differ the clauses are joined by spaces
-    and only the final mark is kept."""
-    marks = CLAUSE_END.findall(text)
-    if len(marks) == len(clauses):
-        return " ".join(c + m for c, m in zip(clauses, marks, strict=True)), True
-    return " ".join(clauses) + text[-1], False
 
 
 # --- worker processes -------------------------------------------------------------------------------------

@@ -166,7 +166,7 @@ def score_codec(texts: list[str], codec, workers: int = 2) -> WerResult:
 
 def canonical_utterances(split: dict, n: int) -> list[int]:
     """Utterance index of the canonical espeak rendition of each sentence 0..n-1 of a build-data split."""
-    from .data import CANONICAL
+    from leapvox.models.frontend import CANONICAL
 
     out = {}
     for u in range(len(split["sentence"])):
@@ -216,7 +216,7 @@ def teacher_forced_codes(loaded, split: dict, n: int, params=None, true_codes: i
 
     `true_codes` = K keeps the rendition's own codes 1..K too, spliced over the same draw (codes K+1..15 are the
     ones drawn with K = 0): scoring K = 0, 3, 7 ... shows which residual groups the gap sits in."""
-    from leapvox.engine.predictor_loop import PredictorLoop
+    from leapvox.engine.predictor import PredictorLoop
 
     from .train import Example, make_batch
 

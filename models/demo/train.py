@@ -23,7 +23,7 @@ import torch.nn.functional as F
 
 from leapvox.engine.config import TTSConfig
 from leapvox.engine.errors import InputError
-from leapvox.engine.predictor_loop import predict_codes_reference
+from leapvox.engine.predictor import predict_codes_reference
 from leapvox.engine.sampling import SamplingParams
 from leapvox.engine.talker import TTSModel
 

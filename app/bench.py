@@ -43,7 +43,7 @@ def add_commands(sub) -> None:
 
 
 def _list(value: str, allowed: tuple[str, ...], what: str) -> list[str]:
-    from .cli import UsageError
+    from leapvox.app.common import UsageError
 
     items = [v.strip() for v in value.split(",") if v.strip()]
     bad = [v for v in items if v not in allowed]
@@ -53,7 +53,7 @@ def _list(value: str, allowed: tuple[str, ...], what: str) -> list[str]:
 
 
 def cmd_bench(args) -> int:
-    from .cli import UsageError
+    from leapvox.app.common import UsageError
 
     weights = _list(args.weights, WEIGHTS, "weight format")
     modes = _list(args.modes, MODES, "mode")

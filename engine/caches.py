@@ -1,5 +1,9 @@
-"""`windowed` decoding (WAND-style): the talker attends globally to the prompt and to a sliding window of frames.
+"""The talker's KV cache policies: `FullCache` (ar, spec: every frame row stays) and `RingCache` (windowed).
 
+Both sit on the talker's own preallocated cache (`DecoderStack.setup_cache`) and differ only in which slot a frame
+row is written to and which slots a step reads.
+
+`windowed` (WAND-style): the talker attends globally to the prompt and to a sliding window of frames.
 Cache layout, per layer ([B, n_kv, L + W, D], allocated once):
   slots 0 .. L-1        the prompt rows (role, control, language, speaker and, non-streaming, all text rows)
   slots L .. L+W-1      a ring of the last W frame rows: frame row k lives at slot L + (k mod W)
@@ -18,15 +22,31 @@ On a model trained with full attention this is an approximation; it is exact whi
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import torch
 
-from .generate import DecodeStats, frame_loop
-from .options import SynthesisOptions
-from .prompt import Prompt
-from .spec import SpecDecoder
 from .talker import Talker
+
+
+class FullCache:
+    """ar's talker cache: every row stays. Prompt rows at slots 0..L-1, frame row k at slot and position L+k."""
+
+    def __init__(self, talker: Talker, prefix: int, max_frames: int):
+        self.talker, self.prefix = talker, prefix
+        talker.model.setup_cache(prefix + max_frames)
+
+    def prefill(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.talker(x, 0)
+
+    def step(self, x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Frame row k [1, 1, H] -> (hidden, code-0 logits) of the next frame."""
+        return self.talker(x, self.prefix + k)
+
+    def span(self, k: int) -> int:
+        """Keys attended by step k (= rows held after it)."""
+        return self.prefix + k + 1
+
+    def kv_bytes(self, k: int) -> int:
+        return self.talker.model.kv_bytes(self.span(k))
 
 
 def window_mask(prefix: int, window: int, k: int, device=None) -> torch.Tensor:
@@ -60,24 +80,3 @@ class RingCache:
 
     def kv_bytes(self, k: int) -> int:
         return self.talker.model.kv_bytes(self.span(k))
-
-
-@torch.inference_mode()
-def generate_frames_windowed(
-    talker: Talker,
-    prompt: Prompt,
-    opts: SynthesisOptions,
-    max_frames: int,
-    generator: torch.Generator | None,
-    stats: DecodeStats,
-    spec: SpecDecoder | None = None,
-    backend=None,
-) -> Iterator[torch.Tensor]:
-    """`generate_frames` with the talker attending to the prompt and the last `opts.window` frame rows.
-
-    Codes 1..15 come from the unchanged code predictor, speculatively when `spec` is given. `backend` runs the
-    networks (default: the torch engine; RingCache holds the window)."""
-    from .backend import TorchBackend  # backend.py builds on this module
-
-    backend = backend or TorchBackend(talker)
-    yield from frame_loop(backend, talker, prompt, opts, max_frames, generator, stats, spec, window=opts.window)

@@ -59,7 +59,7 @@ def _hub_spec(name: str):
     return spec
 
 
-def _state(spec) -> tuple[str, int | None]:
+def model_state(spec) -> tuple[str, int | None]:
     """(state in words, bytes on disk) without hashing anything."""
     from leapvox.models import hub
     from leapvox.models.catalog import bundled_ready
@@ -81,14 +81,14 @@ def cmd_list(args) -> int:
     rows = [("NAME", "SIZE", "ON DISK", "STATE", "SOURCE")]
     for entry in CATALOG.values():
         spec = spec_for_entry(entry)
-        state, on_disk = _state(spec)
+        state, on_disk = model_state(spec)
         source = f"{entry.repo_id}@{entry.revision[:7]}" if entry.repo_id else "bundled with leapvox"
         size = human_size(entry.size_bytes, entry.size_exact) if entry.size_bytes else "-"
         rows.append((entry.name, size, human_size(on_disk) if on_disk else "-", state, source))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
     for r in rows:
         print("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=False)) + "  " + r[-1])
-    __import__("leapvox.app.coreml_cmd", fromlist=["print_exports"]).print_exports()  # Core ML assets, if any
+    print_exports()  # Core ML assets, if any
     return 0
 
 
@@ -142,7 +142,7 @@ def cmd_info(args) -> int:
 
     spec = spec_for_entry(CATALOG[args.name]) if args.name in CATALOG else resolve_model(args.name)
     e = spec.entry
-    state, on_disk = _state(spec)
+    state, on_disk = model_state(spec)
     rows = [("name", spec.name)]
     if e is not None:
         rows.append(("description", e.description))
@@ -197,3 +197,24 @@ def cmd_paths(args) -> int:
     for k, v in rows:
         print(f"{k.ljust(width)}  {v}")
     return 0
+
+
+def print_exports() -> None:
+    """The Core ML exports in leapvox's coreml folder, one line each (nothing when there are none)."""
+    import json
+
+    from leapvox.models.catalog import human_size
+    from leapvox.models.coreml_assets import export_root
+
+    root = export_root()  # in leapvox's data folder
+    rows = []
+    for m in sorted(root.glob("*/manifest.json")) if root.is_dir() else []:
+        try:
+            d = json.loads(m.read_text())
+        except (OSError, ValueError):
+            continue
+        rows.append((m.parent.name, human_size(d.get("bytes", 0)), "+".join(d.get("parts", {})), d.get("model", "?")))
+    if rows:
+        print("\nCore ML exports (leapvox export-coreml):")
+        for name, size, parts, model in rows:
+            print(f"  {name}  {size}  {parts}  {model}")

@@ -37,10 +37,10 @@ VARIANTS = ("ce", "ce-pp", "kl", "kl-pp", "tv", "tv-pp")
 
 
 def add_commands(sub) -> None:
-    from leapvox.app.cli import _model_args  # shared --model / --dtype
+    from leapvox.app.common import model_args
 
     t = sub.add_parser("train-offsets", help="train spec mode's draft offsets for a model (frozen model)")
-    _model_args(t)
+    model_args(t)
     t.add_argument("--texts", type=Path, help="text file, one sentence per line (default: a built-in set)")
     t.add_argument("--utterances", type=int, default=20, help="how many sentences to generate frames from")
     t.add_argument("--data", type=Path, help="use ground-truth codes from a `leapvox demo build-data` folder "
@@ -59,20 +59,20 @@ def add_commands(sub) -> None:
     t.set_defaults(func=cmd_train_offsets)
 
     c = sub.add_parser("calibrate-tree", help="measure acceptance and choose spec mode's draft tree for this CPU")
-    _model_args(c)
+    model_args(c)
     c.add_argument("--texts", type=Path, help="text file, one sentence per line (default: a built-in set)")
     c.add_argument("--utterances", type=int, default=10)
     c.add_argument("--data", type=Path, help="ground-truth codes from a build-data folder (test split)")
     c.add_argument("--json", type=Path, help="also write the measurements here")
-    from leapvox.app.coreml_cmd import add_backend_args
+    from leapvox.app.common import backend_args
 
-    add_backend_args(c, default="cpu", help="where the verify call's cost is timed: cpu = torch here (default); "
+    backend_args(c, default="cpu", help="where the verify call's cost is timed: cpu = torch here (default); "
                      "ane = this Mac's Core ML, exporting the verify function at each N (one conversion per N, "
                      "minutes each); auto = ane where Core ML runs. Trees are stored per model, backend and device")
     c.set_defaults(func=cmd_calibrate_tree)
 
     b = sub.add_parser("bench-spec", help="benchmark spec vs ar decoding of the code predictor (table + JSON)")
-    _model_args(b)
+    model_args(b)
     b.add_argument("--texts", type=Path)
     b.add_argument("--utterances", type=int, default=8)
     b.add_argument("--data", type=Path, help="ground-truth codes from a build-data folder (test split)")
@@ -87,13 +87,12 @@ def _say(msg: str) -> None:
 
 
 def _load(args):
-    from leapvox.models.checkpoint import load_model
+    from leapvox.app.common import require_model
     from leapvox.models.hub import resolve_model_path
+    from leapvox.models.load import load_model
 
-    from .cli import _require_model
-
-    folder = resolve_model_path(_require_model(args), pull=False)
-    return folder, load_model(folder, dtype=args.dtype)
+    folder = resolve_model_path(require_model(args), pull=False)
+    return folder, load_model(folder, weights=args.weights)
 
 
 def _texts(args) -> list[str]:
@@ -136,7 +135,7 @@ def _data_frames(model, path: Path, utterances: int):
 def cmd_train_offsets(args) -> int:
     import numpy as np
 
-    from leapvox.engine.spec import SpecDecoder, default_tree
+    from leapvox.engine.spec import DraftPlan, default_tree
     from leapvox.models.spec_assets import offsets_path, save_offsets
     from leapvox.models.spec_recipes import acceptance_rate, run_spec, self_sampled, train_offsets
     from leapvox.models.stats import paired_ratio_delta, ratio_ci
@@ -172,7 +171,7 @@ def cmd_train_offsets(args) -> int:
         _say(f"trained {name} in {time.perf_counter() - t0:.0f} s")
     rows, runs, alphas = {}, {}, {}
     for name, b in variants.items():
-        runs[name] = run_spec(cp, held, SpecDecoder(tree, b), params)
+        runs[name] = run_spec(cp, held, DraftPlan(tree, b), params)
         alphas[name] = acceptance_rate(cp, held_prefixes, b, args.depth, params)  # [N, K]
         r, a = runs[name], alphas[name]
         rows[name] = {"tokens_per_call": round(r.tokens_per_call, 4),
@@ -212,11 +211,11 @@ def cmd_calibrate_tree(args) -> int:
     from leapvox.models.spec_assets import load_offsets, save_tree, tree_path
     from leapvox.models.spec_recipes import expected_tokens_per_call, grow_tree, rank_acceptance, verify_over_ar
 
-    from .coreml_cmd import calibration_backend
+    from .coreml import calibration_backend
 
     backend, device = calibration_backend(args)  # --backend ane off macOS: exit 2 here
     if backend == "ane":
-        args.dtype = "fp32"  # the Core ML export converts fp32 weights
+        args.weights = "fp32"  # the Core ML export converts fp32 weights
     folder, model = _load(args)
     cp = model.tts.talker.code_predictor
     offsets, _ = load_offsets(folder, cp.cfg.hidden_size)
@@ -283,7 +282,7 @@ def cmd_bench_spec(args) -> int:
         args.json.write_text(json.dumps(out, indent=1))
         _say(f"wrote {args.json}")
         return 0
-    from leapvox.engine.spec import SpecDecoder
+    from leapvox.engine.spec import DraftPlan
     from leapvox.models.spec_assets import load_offsets, load_tree
     from leapvox.models.spec_recipes import measure_ar, measure_spec, verify_over_ar
 
@@ -297,9 +296,9 @@ def cmd_bench_spec(args) -> int:
         if name == "trained offsets" and b is None:
             continue
         for params in (model.defaults.predictor, replace(model.defaults.predictor, do_sample=False)):
-            spec = SpecDecoder(tree, b)
+            plan = DraftPlan(tree, b)
             t_ar = measure_ar(cp, frames, params)
-            tpc, per_depth, t_spec = measure_spec(cp, frames, spec, params)
+            tpc, per_depth, t_spec = measure_spec(cp, frames, plan, params)
             out["rows"].append({"offsets": name, "sampling": params.do_sample, "tokens_per_call": tpc,
                                 "acceptance_per_depth": per_depth, "ar_s": t_ar, "spec_s": t_spec,
                                 "inner_loop_speedup": t_ar / t_spec})

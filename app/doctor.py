@@ -79,17 +79,10 @@ def threads() -> dict:
 
 
 def weight_formats() -> list[str]:
-    """The formats `speak --dtype` accepts: the checkpoint loader's own list when it offers one, else the option's
-    choices (so a format added later, such as int8, shows up here without a change)."""
-    from leapvox.models import checkpoint
+    """The formats `--weights` accepts (the checkpoint loader's list)."""
+    from leapvox.models.checkpoint import weight_formats as formats
 
-    listed = getattr(checkpoint, "weight_formats", None)
-    if callable(listed):
-        return list(listed())
-    from leapvox.app.cli import build_parser
-
-    speak = build_parser()._subparsers._group_actions[0].choices["speak"]  # noqa: SLF001 - argparse has no API
-    return list(next(a.choices for a in speak._actions if a.dest == "dtype"))
+    return formats()
 
 
 def probe_formats(formats: list[str], budget_s: float = 0.06) -> dict:
@@ -134,7 +127,7 @@ def backends() -> dict:
     """{backend: {"ready": bool, "detail": str}} for cpu, cuda and coreml."""
     import torch
 
-    from leapvox.engine.modes import available_backends
+    from leapvox.engine.backend import available_backends
 
     offered = available_backends()
     out = {"cpu": {"ready": "cpu" in offered, "detail": f"torch {torch.__version__}"}}
@@ -218,7 +211,7 @@ def paths() -> dict:
 def models() -> list[dict]:
     """Each catalog model: what `leapvox models list` says, and for a present one whether it verifies (files whose
     size or time changed since they last hashed correctly are hashed again, as a load would)."""
-    from leapvox.app.models_cmd import _state
+    from leapvox.app.manage import model_state
     from leapvox.engine.errors import LeapvoxError
     from leapvox.models import hub
     from leapvox.models.catalog import CATALOG, spec_for_entry
@@ -228,7 +221,7 @@ def models() -> list[dict]:
         spec = spec_for_entry(entry)
         row = {"name": entry.name, "present": False, "verified": None, "bytes": None}
         try:
-            state, on_disk = _state(spec)
+            state, on_disk = model_state(spec)
             row.update(state=state, bytes=on_disk)
             if spec.on_hub and state != "not downloaded":
                 row["present"] = True
@@ -264,10 +257,10 @@ def espeak() -> dict:
 
 
 def speak_default_model() -> str | None:
-    """What `leapvox speak` uses without --model (read from its own parser, so a new default shows up here)."""
-    from leapvox.app.cli import build_parser
+    """What `leapvox speak` uses without --model ($LEAPVOX_MODEL, else the bundled demo)."""
+    from leapvox.models.catalog import default_model
 
-    return build_parser().parse_args(["speak"]).model
+    return default_model()
 
 
 def speak_check(model: str | None, model_rows: list[dict], espeak_info: dict) -> dict:
@@ -305,7 +298,7 @@ def speak_check(model: str | None, model_rows: list[dict], espeak_info: dict) ->
                     "hint": "apt install espeak-ng (Debian/Ubuntu) or brew install espeak-ng (macOS)"}
     weights = sum(p.stat().st_size for p in Path(folder).rglob("*.safetensors"))
     if weights <= LOAD_CHECK_MAX_BYTES:
-        from leapvox.models.checkpoint import load_model
+        from leapvox.models.load import load_model
 
         t0 = time.perf_counter()
         try:

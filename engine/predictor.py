@@ -1,4 +1,4 @@
-"""The code predictor's 15-code ar loop for batch 1, without generic machinery.
+"""The code predictor's codes 1..15 of a frame (ar), and its 15-code loop for batch 1 without generic machinery.
 
 `PredictorLoop` computes exactly what `predict_codes_reference` (the loop over `CodePredictor.forward`) computes,
 bit for bit in every weight format, with the same random draws in the same order; only the overhead goes:
@@ -264,3 +264,19 @@ def loop_for(cp: CodePredictor) -> PredictorLoop:
     if cached is None or cached[0] != sig:
         cached = _LOOPS[cp] = (sig, PredictorLoop(cp))
     return cached[1]
+
+
+def predict_codes(
+    cp: CodePredictor,
+    talker_hidden: torch.Tensor,
+    code0_embed: torch.Tensor,
+    params: SamplingParams,
+    generator: torch.Generator | None,
+) -> torch.Tensor:
+    """Codes 1..15 of one frame [B, 15] from the talker's normed hidden [B, 1, H] and C(code 0) [B, 1, H] (ar).
+
+    Batch 1 runs the overhead-free loop (PredictorLoop: the same bits and random draws as the plain module loop,
+    predict_codes_reference, which batches use)."""
+    if talker_hidden.shape[0] == 1:
+        return loop_for(cp)(talker_hidden, code0_embed, params, generator)
+    return predict_codes_reference(cp, talker_hidden, code0_embed, params, generator)

@@ -33,36 +33,9 @@ def _say(msg: str) -> None:
     print(f"leapvox: {msg}", file=sys.stderr, flush=True)
 
 
-# ---- --backend / --compute-units, shared by speak, compare, tui and calibrate-tree
-
-
-def add_backend_args(p, default: str = "auto", help: str | None = None) -> None:
-    """--backend and --compute-units on a command that runs the model."""
-    from leapvox.engine.modes import BACKEND_CHOICES, COMPUTE_UNIT_CHOICES
-
-    p.add_argument("--backend", choices=BACKEND_CHOICES, default=default,
-                   help=help or "what runs the talker and code predictor: cpu = PyTorch; ane = the model's Core ML "
-                   "export (leapvox export-coreml) on macOS 15+, Neural Engine; auto = ane on a Mac with coremltools "
-                   "and an export of this model, else cpu (default auto)")
-    p.add_argument("--compute-units", choices=COMPUTE_UNIT_CHOICES, default="cpu_and_ne",
-                   help="ane backend: where Core ML may run: cpu_and_ne (CPU + Neural Engine, default), all (also "
-                   "the GPU), cpu_only")
-
-
-def check_backend(args) -> None:
-    """--backend ane where Core ML predictions cannot run: a one-line usage error (exit 2) before any loading."""
-    if getattr(args, "backend", "auto") != "ane":
-        return
-    from leapvox.app.cli import UsageError
-    from leapvox.engine.coreml_runtime import unavailable_reason
-
-    why = unavailable_reason()
-    if why:
-        raise UsageError(why, hint="use --backend cpu")
-
-
 def calibration_backend(args) -> tuple[str, str]:
     """calibrate-tree's (backend, device class) for the tree file: ('cpu', 'cpu'), or ('ane', this Mac's chip)."""
+    from leapvox.app.common import check_backend
     from leapvox.engine.coreml_runtime import device_class, unavailable_reason
 
     check_backend(args)
@@ -71,24 +44,11 @@ def calibration_backend(args) -> tuple[str, str]:
     return "cpu", "cpu"
 
 
-def use_backend(args, folder, model, say=_say) -> str:
-    """Resolve --backend for the model in `folder` and attach it to `model` (LoadedModel.backend): 'cpu' (torch,
-    nothing attached) or 'ane' (the Core ML functions of the model's newest export)."""
-    from leapvox.models.coreml_export import load_ane_backend, resolve_backend
-
-    check_backend(args)
-    backend = resolve_backend(getattr(args, "backend", "auto"), folder)
-    if backend == "ane":
-        model.backend = load_ane_backend(folder, model.tts.talker, args.compute_units, getattr(args, "model", None))
-        say(f"backend ane: Core ML ({args.compute_units}), {model.backend.export_dir.name}")
-    return backend
-
-
 def cmd_export_coreml(args) -> int:
     import os
     from dataclasses import replace
 
-    from leapvox.app.cli import UsageError
+    from leapvox.app.common import UsageError
     from leapvox.models.coreml_export import CoreMLExportError, ExportSettings, human_bytes
     from leapvox.models.hub import resolve_model_path
     from leapvox.models.spec_assets import load_tree
@@ -119,10 +79,10 @@ def cmd_export_coreml(args) -> int:
     if args.out is None:
         dest, manifest = export_model(folder, settings, say=_say)
     else:
-        from leapvox.models.checkpoint import load_model
+        from leapvox.models.load import load_model
         from leapvox.models.spec_assets import load_offsets
 
-        loaded = load_model(folder, dtype="fp32")
+        loaded = load_model(folder, weights="fp32")
         talker = loaded.tts.talker
         offsets, _ = load_offsets(folder, talker.code_predictor.cfg.hidden_size)
         dest = args.out.expanduser()
@@ -132,24 +92,3 @@ def cmd_export_coreml(args) -> int:
     _say(f"wrote {dest} ({human_bytes(manifest['bytes'])})")
     print(dest)
     return 0
-
-
-def print_exports() -> None:
-    """The Core ML exports in leapvox's coreml folder, one line each (nothing when there are none)."""
-    import json
-
-    from leapvox.models.catalog import human_size
-    from leapvox.models.hub import leapvox_dirs
-
-    root = leapvox_dirs()["coreml"]  # in leapvox's data folder
-    rows = []
-    for m in sorted(root.glob("*/manifest.json")) if root.is_dir() else []:
-        try:
-            d = json.loads(m.read_text())
-        except (OSError, ValueError):
-            continue
-        rows.append((m.parent.name, human_size(d.get("bytes", 0)), "+".join(d.get("parts", {})), d.get("model", "?")))
-    if rows:
-        print("\nCore ML exports (leapvox export-coreml):")
-        for name, size, parts, model in rows:
-            print(f"  {name}  {size}  {parts}  {model}")

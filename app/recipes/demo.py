@@ -11,7 +11,7 @@ import json
 import sys
 from pathlib import Path
 
-from leapvox.engine.modes import MODES
+from leapvox.engine.options import MODES
 from leapvox.models.demo.sizes import SIZES
 
 
@@ -146,8 +146,8 @@ def cmd_build_data(args) -> int:
 
 
 def _load_for_wer(name: str, weights: str | None):
-    from leapvox.models.checkpoint import load_model
     from leapvox.models.hub import resolve_model_path
+    from leapvox.models.load import load_model
 
     folder = resolve_model_path(name, pull=False)
     return load_model(folder, weights or "fp32")
@@ -157,7 +157,7 @@ def _sampling(opts, args):
     """The model's defaults with --greedy / --temperature / --top-k applied to code 0 and codes 1..15."""
     from dataclasses import replace
 
-    from leapvox.app.cli import sampling_args
+    from leapvox.app.common import sampling_args
 
     return replace(opts, talker=sampling_args(opts.talker, args), predictor=sampling_args(opts.predictor, args))
 

@@ -81,8 +81,7 @@ def bench_window(talker, frames: int, every: int, window: int, prompt: int, repe
     """Median talker step ms and KV bytes in use at frames every, 2*every, .. frames, for windowed and ar."""
     import torch
 
-    from leapvox.engine.generate import FullCache
-    from leapvox.engine.windowed import RingCache
+    from leapvox.engine.caches import FullCache, RingCache
 
     points = list(range(every, frames + 1, every))
     g = torch.Generator().manual_seed(0)
@@ -138,9 +137,8 @@ def plot(out: dict, path: Path) -> bool:
 
 
 def cmd_bench_window(args) -> int:
+    from leapvox.app.common import UsageError
     from leapvox.models.files import write_text_atomic
-
-    from .cli import UsageError
 
     if min(args.frames, args.every, args.window, args.prompt, args.repeats) < 1:
         raise UsageError("--frames, --every, --window, --prompt and --repeats must all be >= 1")
@@ -156,10 +154,9 @@ def cmd_bench_window(args) -> int:
 def cmd_train_window(args) -> int:
     import torch
 
+    from leapvox.app.common import UsageError
     from leapvox.models.hub import resolve_model_path
     from leapvox.models.window_recipe import WindowSchedule, train_window
-
-    from .cli import UsageError
 
     if args.window < 1 or args.steps < 1 or args.batch < 1 or args.start_window < args.window:
         raise UsageError("need --window >= 1, --steps >= 1, --batch >= 1 and --start-window >= --window")

@@ -1,0 +1,1 @@
+"""Commands that make model assets: spec offsets and trees, windowed adaptation, Core ML exports, the demo model."""

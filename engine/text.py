@@ -1,0 +1,86 @@
+"""Text into sentences for synthesis: sentence ends, then clauses, then words, so no piece is too long."""
+
+from __future__ import annotations
+
+import re
+
+SENTENCE_MAX_CHARS = 300  # longer sentences are cut at clauses, then at words
+
+# Abbreviations whose full stop does not end a sentence (compared lowercased, without the final dot).
+_ABBREVIATIONS = """mr mrs ms dr prof sr jr st mt ft vs etc e.g i.e cf al approx no nos fig figs vol vols ch sec p pp
+ed eds inc ltd co corp dept univ gen col lt sgt capt rev hon jan feb mar apr jun jul aug sep sept oct nov dec"""
+ABBREVIATIONS = frozenset(_ABBREVIATIONS.split())
+_SENTENCE_END = re.compile(
+    r"[.!?\u2026]+[\"'\u201d\u2019)\]]*(?=\s|$)"  # Latin: the mark(s), closing quotes/brackets, then a space
+    r"|[\u3002\uff01\uff1f]+[\u201d\u300d\u300f)\uff09]*"  # CJK full-width marks need no space
+)
+_CLAUSE_END = re.compile(r"[,;:\u2013\u2014](?=\s)|[\uff0c\uff1b\uff1a\u3001]")
+_CJK = re.compile(r"[\u3040-\u30ff\u3400-\u9fff\uac00-\ud7af]")
+
+
+def split_sentences(text: str, max_chars: int = SENTENCE_MAX_CHARS) -> list[str]:
+    """Sentences of `text` in order, none longer than `max_chars`: cut at sentence ends (not after "Dr." or
+    "e.g.", not inside "3.14"), then overlong ones at clauses, then at words, then anywhere."""
+    text = " ".join(text.split())
+    out: list[str] = []
+    for sentence in _cut(text, _sentence_ends(text)):
+        out += _fit(sentence, max_chars)
+    return out
+
+
+def _sentence_ends(text: str) -> list[int]:
+    ends = []
+    for m in _SENTENCE_END.finditer(text):
+        if m.group().startswith(".") and not _ends_sentence(text, m.start(), m.end()):
+            continue
+        ends.append(m.end())
+    return ends
+
+
+def _ends_sentence(text: str, dot: int, after: int) -> bool:
+    """A full stop ends a sentence unless it closes an abbreviation or initial, or lowercase text follows."""
+    word = text[:dot].rsplit(" ", 1)[-1].lstrip("\"'(\u201c\u2018[").lower()
+    if word in ABBREVIATIONS or (len(word) == 1 and word.isalpha()):
+        return False
+    rest = text[after:].lstrip()
+    return not (rest[:1].islower())
+
+
+def _cut(text: str, ends: list[int]) -> list[str]:
+    pieces, start = [], 0
+    for end in [*ends, len(text)]:
+        piece = text[start:end].strip()
+        if piece:
+            pieces.append(piece)
+        start = end
+    return pieces
+
+
+def _fit(sentence: str, max_chars: int) -> list[str]:
+    """`sentence` as pieces of at most max_chars: clauses packed greedily, then words, then hard cuts."""
+    if len(sentence) <= max_chars:
+        return [sentence]
+    clauses = _cut(sentence, [m.end() for m in _CLAUSE_END.finditer(sentence)])
+    if len(clauses) > 1:
+        return _pack([p for c in clauses for p in _fit(c, max_chars)], max_chars, " ")
+    words = sentence.split(" ")
+    if len(words) > 1:
+        return _pack([p for w in words for p in _fit(w, max_chars)], max_chars, " ")
+    return [sentence[i : i + max_chars] for i in range(0, len(sentence), max_chars)]
+
+
+def _pack(parts: list[str], max_chars: int, sep: str) -> list[str]:
+    out: list[str] = []
+    for p in parts:
+        joiner = "" if out and (_CJK.search(out[-1][-1:]) or _CJK.search(p[:1])) else sep
+        if out and len(out[-1]) + len(joiner) + len(p) <= max_chars:
+            out[-1] += joiner + p
+        else:
+            out.append(p)
+    return out
+
+
+def estimate_audio_s(text: str) -> float:
+    """Rough spoken length: ~14 characters a second for alphabetic text, ~4.5 for CJK characters."""
+    cjk = len(_CJK.findall(text))
+    return 0.22 * cjk + 0.07 * (len(text) - cjk)
