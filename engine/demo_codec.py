@@ -236,7 +236,7 @@ class DemoCodecStream:
     same deterministic phases as the one-shot decode. It emits the new frames' samples, the first
     `stream_crossfade` of them faded in from the continuation the previous push predicted. A single push is
     the one-shot decode exactly; small pushes are worse at the push boundaries, because Griffin-Lim there
-    cannot see the next frames (measured in models/demo/README.md, bounded in tests/test_demo_codec.py)."""
+    cannot see the next frames (measured in models/recipes/demo/README.md, bounded in tests/test_demo_codec.py)."""
 
     def __init__(self, codec: DemoCodec):
         self.codec = codec

@@ -154,12 +154,6 @@ class DecoderStack(nn.Module):
             x = layer.forward_train(x, cos, sin, dropout, mask)
         return self.norm(x)
 
-    def move_rows(self, src: torch.Tensor, dst: int) -> None:
-        """Copy cached K/V rows at slots `src` [n] to slots dst..dst+n-1 (commit an accepted draft path)."""
-        for c in self.caches:
-            c.k[:, :, dst : dst + len(src)] = c.k[:, :, src]
-            c.v[:, :, dst : dst + len(src)] = c.v[:, :, src]
-
     @property
     def cache_len(self) -> int:
         return 0 if self.caches is None else self.caches[0].k.shape[2]

@@ -1,4 +1,5 @@
-"""`leapvox bench` on a tiny random-weight checkpoint: every JSON field filled with a plausible number.
+"""`leapvox bench` (this machine, this model) on the tiny fixture checkpoint, and the developer benchmark
+(tests/benchmarks/bench.py) on a tiny random-weight checkpoint: every JSON field filled with a plausible number.
 
 No timing assertions: only that times are positive and finite, and counts and sizes are what the setup implies.
 """
@@ -11,7 +12,9 @@ import math
 
 import pytest
 
-from leapvox.models import bench
+from tests.benchmarks import bench
+
+from .conftest import FIXTURES
 
 
 def tiny_configs() -> tuple[dict, dict]:
@@ -152,11 +155,9 @@ def test_plots_are_written(tiny_result, tmp_path):
 
 
 def test_acceptance_file_without_a_table_is_a_usage_error(tmp_path, capsys):
-    from leapvox.app.cli import main
-
     bad = tmp_path / "bad.json"
     bad.write_text("{}")
-    assert main(["bench", "--acceptance", str(bad), "--json", str(tmp_path / "b.json")]) == 2
+    assert bench.main(["--acceptance", str(bad), "--json", str(tmp_path / "b.json")]) == 2
     assert "rank_acceptance" in capsys.readouterr().err
 
 
@@ -170,12 +171,60 @@ def test_official_side_is_skipped_with_one_line_when_missing(tiny_folder, monkey
     assert any("skipping the official side" in s for s in said)
 
 
+def test_official_side_without_a_reference_python_says_how_to_give_one(tiny_folder, monkeypatch):
+    monkeypatch.setattr(bench, "REFERENCE_PYTHON", None)
+    said = []
+    result = bench.run_bench(
+        tiny_folder, ["int8"], ["ar"], frames=2, repeats=1, isolate=False, official=True, say=said.append
+    )
+    assert "official" not in result and "reference virtualenv" in result["official_skipped"]
+    why = result["official_skipped"]
+    assert "--reference-python" in why and "LEAPVOX_REFERENCE_PYTHON" in why
+    assert any("skipping the official side" in s for s in said)
+
+
 def test_cli_rejects_unknown_formats(capsys):
     from leapvox.app.cli import main
 
     assert main(["bench", "--weights", "fp32,int4"]) == 2
     err = capsys.readouterr().err
     assert "int4" in err and "hint" in err
+    assert bench.main(["--weights", "fp32,int4"]) == 2  # the developer benchmark too
+    err = capsys.readouterr().err
+    assert "int4" in err and "hint" in err
+
+
+def test_user_bench_reports_medians_of_every_mode_and_format(tmp_path, capsys):
+    """`leapvox bench` through the speaking path: every mode x format, medians over interleaved rounds."""
+    from leapvox.app.cli import main
+
+    out = tmp_path / "b.json"
+    args = ["bench", "--model", str(FIXTURES / "tiny-0b6"), "--weights", "fp32,int8", "--rounds", "2"]
+    assert main([*args, "--max-frames", "4", "--json", str(out)]) == 0
+    table = capsys.readouterr().out
+    result = json.loads(out.read_text())
+    assert result["rounds"] == 2 and result["threads"] >= 1
+    assert set(result["results"]) == set(bench.MODES)
+    for mode, per in result["results"].items():
+        assert set(per) == {"fp32", "int8"}
+        for w, rec in per.items():
+            assert 1 <= rec["frames"] <= 4 and _positive(rec["audio_s"])
+            assert _positive(rec["xrt"]) and _positive(rec["first_audio_s"])
+            assert len(rec["xrt_runs"]) == len(rec["first_audio_runs"]) == 2
+            assert min(rec["xrt_runs"]) <= rec["xrt"] <= max(rec["xrt_runs"])
+            assert any(line.split()[:2] == [mode, w] for line in table.splitlines())
+    assert result["results"]["spec"]["fp32"]["tokens_per_call"] >= 1
+    assert "first audio s" in table and "xRT" in table
+
+
+def test_user_bench_checks_its_options_before_loading(tmp_path, capsys):
+    from leapvox.app.cli import main
+
+    assert main(["bench", "--rounds", "0"]) == 2
+    assert main(["bench", "--modes", "beam"]) == 2
+    assert main(["bench", "--json", str(tmp_path / "no" / "such" / "b.json")]) == 2
+    err = capsys.readouterr().err
+    assert "--rounds" in err and "beam" in err and "does not exist" in err
 
 
 def test_worker_process_returns_the_same_record(tiny_folder):

@@ -21,7 +21,7 @@ from leapvox.engine.coreml_wrappers import (
 from leapvox.engine.predictor import predict_codes
 from leapvox.engine.sampling import SamplingParams
 from leapvox.engine.spec import DEFAULT_TREE, DraftPlan, SpecStats, predict_codes_spec
-from leapvox.models.coreml_export import (
+from leapvox.models.recipes.coreml_export import (
     ExportSettings,
     calibrate_predictor,
     fp16_risk,
@@ -305,9 +305,9 @@ def test_fp16_and_int8_weights_stay_within_measured_tolerance(tiny_model):
 def test_activation_figures_fit_fp16(tiny_model):
     """Max activation magnitudes in fp32 (tiny model and a random-weight 0.6B-size predictor) stay far below fp16's
     65504; RMSNorm's sum of squares is what comes closest, hence the power-of-two input scales."""
-    from leapvox.app.recipes.offsets import PREDICTOR_0_6B
     from leapvox.engine.code_predictor import CodePredictor
     from leapvox.engine.config import CodePredictorConfig
+    from leapvox.models.recipes.geometry import PREDICTOR_0_6B
 
     _, model = tiny_model
     tiny = fp16_risk(calibrate_predictor(model.talker.code_predictor, 64))
@@ -345,7 +345,7 @@ def one_layer_model():
 
 def test_export_tiny_and_inspect_package(tmp_path):
     pytest.importorskip("coremltools", reason="coremltools is not installed (pip install 'leapvox[coreml]')")
-    from leapvox.models.coreml_export import export_modules, inspect_package
+    from leapvox.models.recipes.coreml_export import export_modules, inspect_package
 
     model = one_layer_model()
     settings = ExportSettings(prefill_len=16, context=48)
@@ -407,7 +407,7 @@ class CoreMLCall:
 @torch.no_grad()
 def test_coreml_predictor_matches_the_wrappers(tiny_model, tmp_path):  # pragma: no cover - macOS only
     """On a Mac: greedy spec frames through the exported predictor (fp16 weights) against the torch wrappers."""
-    from leapvox.models.coreml_export import export_modules
+    from leapvox.models.recipes.coreml_export import export_modules
 
     _, model = tiny_model
     settings = ExportSettings(prefill_len=16, context=48, weights="fp16", parts=("predictor",))
@@ -468,7 +468,7 @@ def test_codec_chunk_equals_the_stream(tiny_codec):
                     reason="the codec conversion takes about a minute; set LEAPVOX_COREML_CODEC_TEST=1 to run it")
 def test_export_codec_and_inspect(tiny_codec, tmp_path):
     pytest.importorskip("coremltools", reason="coremltools is not installed (pip install 'leapvox[coreml]')")
-    from leapvox.models.coreml_export import codec_functions, export_part, inspect_package
+    from leapvox.models.recipes.coreml_export import codec_functions, export_part, inspect_package
 
     fns = codec_functions(tiny_codec, ExportSettings())
     export_part("codec", fns, [], [], "w8a16", tmp_path, lambda m: None)
@@ -480,7 +480,7 @@ def test_export_codec_and_inspect(tiny_codec, tmp_path):
 
 
 def test_a_part_whose_activations_do_not_fit_fp16_is_kept_in_fp32():
-    from leapvox.models.coreml_export import _needs_fp32
+    from leapvox.models.recipes.coreml_export import _needs_fp32
 
     said = []
     assert _needs_fp32("predictor", {"model.layers.3.mlp.down_proj": {"max_abs_out": 3.0e4, "max_abs_in": 9.0}},

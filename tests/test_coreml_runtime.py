@@ -27,7 +27,7 @@ import torch
 from leapvox.engine.coreml_runtime import CoreMLBackend
 from leapvox.engine.errors import InputError
 from leapvox.engine.spec import DEFAULT_TREE, DraftPlan, DraftTree, SpecStats
-from leapvox.models.coreml_export import ExportSettings, predictor_functions, talker_functions
+from leapvox.models.recipes.coreml_export import ExportSettings, predictor_functions, talker_functions
 
 from .conftest import FIXTURES
 
@@ -203,7 +203,7 @@ def test_ane_backend_refuses_windowed_and_long_prompts_and_caps_frames(fixture_m
 def test_verify_timer_feeds_the_exported_interface(fixture_model):
     """calibrate-tree --backend ane times ar and verify with inputs of the exported shapes and dtypes (the
     stand-in checks them) in one state; the figures are positive and consistent."""
-    from leapvox.models.coreml_export import time_verify_over_ar
+    from leapvox.models.recipes.coreml_export import time_verify_over_ar
 
     _, p_fns, manifest = stand_in_parts(fixture_model.tts.talker, ExportSettings(prefill_len=16, context=32))
     t = time_verify_over_ar(p_fns, manifest, repeats=2)
@@ -231,7 +231,8 @@ def test_backend_ane_off_macos_is_one_line_exit_2(tmp_path, capsys, command):
 
 def test_auto_is_cpu_without_core_ml_or_export(tmp_path, monkeypatch):
     from leapvox.engine import coreml_runtime
-    from leapvox.models import coreml_assets, coreml_export
+    from leapvox.models import coreml_assets
+    from leapvox.models.recipes import coreml_export
 
     monkeypatch.setenv("LEAPVOX_HOME", str(tmp_path))
     folder = FIXTURES / "tiny-0b6"
@@ -268,7 +269,7 @@ def test_speak_help_explains_backends(capsys):
 @pytest.fixture
 def mac_export(fixture_model, tmp_path):
     """A fp16-weight export of the tiny fixture checkpoint (fp16 compute), in a temp folder."""
-    from leapvox.models.coreml_export import export_modules
+    from leapvox.models.recipes.coreml_export import export_modules
 
     m = fixture_model
     export_modules(
@@ -305,7 +306,7 @@ def test_speak_with_backend_ane_writes_audio(mac_export, tmp_path, monkeypatch):
     import shutil
 
     from leapvox.app.cli import main
-    from leapvox.models.coreml_export import export_dir
+    from leapvox.models.recipes.coreml_export import export_dir
 
     _, export = mac_export
     shutil.copytree(export, export_dir(FIXTURES / "tiny-0b6", ExportSettings(prefill_len=64, context=128)))

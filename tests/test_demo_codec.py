@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from leapvox.engine.demo_codec import DemoCodec, DemoCodecConfig
-from leapvox.models.demo.codec_fit import fit_codec, is_demo_codec, load_codec, save_codec
+from leapvox.models.recipes.demo.codec_fit import fit_codec, is_demo_codec, load_codec, save_codec
 
 TINY = DemoCodecConfig(pca_dim=32, codebook_sizes=(32,) + (8,) * 15, gl_iters=16, nnls_iters=30)
 
@@ -70,7 +70,7 @@ def test_stream_matches_one_shot(codec):
         assert [p.shape[-1] for p in parts] == [1920 * min(n, codes.shape[-1] - i) for i in starts]
         streamed = torch.cat(parts, dim=-1)
         assert streamed.shape == one_shot.shape
-        # Griffin-Lim without look-ahead: the boundary frames are worse; documented in models/demo/README.md
+        # Griffin-Lim without look-ahead: the boundary frames are worse; documented in models/recipes/demo/README.md
         assert logmel_l1(codec, streamed, target) < base + 0.15, (n, logmel_l1(codec, streamed, target), base)
 
 

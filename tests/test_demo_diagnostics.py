@@ -6,8 +6,8 @@ from types import SimpleNamespace
 
 import torch
 
-from leapvox.models.demo.quality import codec_space_error
 from leapvox.models.frontend import CANONICAL
+from leapvox.models.recipes.demo.quality import codec_space_error
 
 
 def test_codec_space_error_follows_each_code_by_hand():

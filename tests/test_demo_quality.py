@@ -25,8 +25,8 @@ def test_a_transcription_does_not_depend_on_the_ones_before():
     if shutil.which("espeak-ng") is None:
         pytest.skip("espeak-ng (the demo model's text front end) is not installed")
     from leapvox.models.catalog import DEMO_DIR
-    from leapvox.models.demo import quality as q
     from leapvox.models.load import load_model
+    from leapvox.models.recipes.demo import quality as q
 
     m = load_model(DEMO_DIR, "fp32")
     synth = m.synthesizer()

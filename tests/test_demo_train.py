@@ -9,7 +9,7 @@ import shutil
 import torch
 
 from leapvox.models.catalog import DEMO_DIR
-from leapvox.models.demo.train import train
+from leapvox.models.recipes.demo.train import train
 
 PHONEMES = ["həlˈoʊ wˈɜːld.", "ðə kwˈɪk bɹˈaʊn fˈɑːks.", "dʒˈʌmps ˌoʊvɚ ðə lˈeɪzi dˈɑːɡ.", "ɪts ɐ tˈɛst."]
 
@@ -74,7 +74,7 @@ def test_train_resumes_and_the_predictor_stage_moves_only_the_predictor(tmp_path
 def test_grown_predictor_starts_as_the_smaller_one():
     from leapvox.engine.config import TTSConfig
     from leapvox.engine.talker import TTSModel
-    from leapvox.models.demo.train import demo_config, load_grown
+    from leapvox.models.recipes.demo.train import demo_config, load_grown
 
     special = {t: 290 + i for i, t in enumerate(["<|im_start|>", "<|im_end|>", "<tts_pad>", "<tts_text_bos>",
                                                    "<tts_text_eod>"])}
@@ -93,9 +93,9 @@ def test_grown_predictor_starts_as_the_smaller_one():
 def test_teacher_forced_codes_keep_code_0_and_sample_the_rest():
     """The WER diagnostic `demo wer --what predictor`: true code 0 of the canonical rendition, the bundled model's
     codes 1..15 (seeded per sentence, so reruns agree)."""
-    from leapvox.models.demo.quality import teacher_forced_codes
     from leapvox.models.frontend import CANONICAL
     from leapvox.models.load import load_model
+    from leapvox.models.recipes.demo.quality import teacher_forced_codes
 
     g = torch.Generator().manual_seed(1)
     lengths = [7, 9, 5]
@@ -158,7 +158,7 @@ def test_init_from_a_model_folder_keeps_its_config_tokenizer_and_weights(tmp_pat
 
 
 def test_pack_round_trip(tmp_path):
-    from leapvox.models.demo.pack import pack, unpack
+    from leapvox.models.recipes.demo.pack import pack, unpack
 
     data = tmp_path / "data"
     data.mkdir()
@@ -180,7 +180,7 @@ def test_pack_round_trip(tmp_path):
 
 
 def test_extra_sentences_rule_and_dedup():
-    from leapvox.models.demo.data import extra_sentence_ok, new_sentences
+    from leapvox.models.recipes.demo.data import extra_sentence_ok, new_sentences
 
     assert extra_sentence_ok("Go away now.")  # 3 words: too short for the main rule, fine here
     assert extra_sentence_ok("Gwyneth visits Llanfair.")  # words outside the ASR dictionary are fine for training
@@ -201,8 +201,8 @@ def test_sampled_residuals_are_the_predictors_own_codes_for_the_input_only():
     the code-0 targets and the frames the predictor learns from stay the true ones."""
     from leapvox.engine.predictor import predict_codes
     from leapvox.engine.sampling import SamplingParams
-    from leapvox.models.demo.train import Example, make_batch, sampled_residuals
     from leapvox.models.load import load_model
+    from leapvox.models.recipes.demo.train import Example, make_batch, sampled_residuals
 
     m = load_model(DEMO_DIR)
     tts, cfg, tok = m.tts.eval(), m.config, m.tokenizer
@@ -242,7 +242,7 @@ def test_init_from_a_runs_state_takes_that_runs_config_and_a_mismatch_is_a_one_l
     from leapvox.engine.config import TTSConfig
     from leapvox.engine.errors import InputError
     from leapvox.engine.talker import TTSModel
-    from leapvox.models.demo.train import demo_config, load_grown
+    from leapvox.models.recipes.demo.train import demo_config, load_grown
 
     data = tmp_path / "data"
     data.mkdir()
@@ -268,7 +268,7 @@ def test_excess_distortion_prices_each_code_against_the_residual_its_own_prefix_
     """`--predictor-objective distortion`: a code's cost is the codec-space error of the codeword it picks for the
     residual that code 0 and the codes it read leave of the frame (the true codewords' sum), above the best
     codeword's, over that residual's energy. Hand-computed on 1-D books."""
-    from leapvox.models.demo.train import excess_distortion
+    from leapvox.models.recipes.demo.train import excess_distortion
 
     books = [torch.tensor([[0.0], [10.0]]), torch.tensor([[0.0], [1.0], [3.0]]), torch.tensor([[0.0], [1.0], [2.0]])]
     codes = torch.tensor([[1, 2, 0]])  # z = 10 + 3 + 0 = 13
@@ -323,7 +323,7 @@ def test_distortion_objective_trains_only_the_predictor_and_reports_its_loss(tmp
 def test_excess_distortion_is_computed_in_fp32_under_autocast():
     """Under bf16 autocast (the CUDA recipe) the costs must not be rounded to bf16: energies in the hundreds differ
     by less than bf16 resolves there."""
-    from leapvox.models.demo.train import excess_distortion
+    from leapvox.models.recipes.demo.train import excess_distortion
 
     g = torch.Generator().manual_seed(0)
     books = [torch.randn(32, 8, generator=g) * 10 for _ in range(4)]

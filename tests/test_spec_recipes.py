@@ -3,8 +3,8 @@
 import torch
 
 from leapvox.engine.spec import DraftTree
-from leapvox.models import spec_recipes as R
 from leapvox.models.load import load_model
+from leapvox.models.recipes import spec as R
 
 from .conftest import FIXTURES
 

@@ -2,7 +2,7 @@
 
 import numpy as np
 
-from leapvox.models.stats import paired_ratio_delta, ratio_ci
+from leapvox.models.recipes.stats import paired_ratio_delta, ratio_ci
 
 
 def test_ratio_ci_brackets_the_estimate_and_narrows_with_more_units():

@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from leapvox.engine.caches import RingCache
-from leapvox.models.window_recipe import WindowSchedule, skew_kl, window_bias
+from leapvox.models.recipes.window import WindowSchedule, skew_kl, window_bias
 
 
 def test_hard_training_mask_equals_windowed_inference(tiny_model):

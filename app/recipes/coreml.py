@@ -49,8 +49,8 @@ def cmd_export_coreml(args) -> int:
     from dataclasses import replace
 
     from leapvox.app.common import UsageError
-    from leapvox.models.coreml_export import CoreMLExportError, ExportSettings, human_bytes
     from leapvox.models.hub import resolve_model_path
+    from leapvox.models.recipes.coreml_export import CoreMLExportError, ExportSettings, human_bytes
     from leapvox.models.spec_assets import load_tree
 
     model = args.model or os.environ.get("LEAPVOX_MODEL")
@@ -74,7 +74,7 @@ def cmd_export_coreml(args) -> int:
     settings = replace(settings, drafts=settings.tree.max_depth)  # draft as deep as the verify tree goes
     _say(f"draft tree: {settings.tree.size} nodes, depth {settings.tree.max_depth} "
          f"({tree_file or 'the default tree; run leapvox calibrate-tree for a calibrated one'})")
-    from leapvox.models.coreml_export import export_model, export_modules
+    from leapvox.models.recipes.coreml_export import export_model, export_modules
 
     if args.out is None:
         dest, manifest = export_model(folder, settings, say=_say)

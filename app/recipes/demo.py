@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 from leapvox.engine.options import MODES
-from leapvox.models.demo.sizes import SIZES
+from leapvox.models.recipes.demo.sizes import SIZES
 
 
 def add_commands(sub) -> None:
@@ -95,12 +95,12 @@ def add_commands(sub) -> None:
     p.add_argument("--predictor-objective", choices=["ce", "distortion"], default="ce",
                    help="how codes 1..15 learn: cross-entropy on the codec's codes (default), or the expected codec "
                         "distortion of the predictor's choice, on its own draws (what the demo model ships with; "
-                        "see models/demo/README.md)")
+                        "see models/recipes/demo/README.md)")
     p.set_defaults(func=cmd_train)
 
 
 def cmd_train(args) -> int:
-    from leapvox.models.demo.train import train
+    from leapvox.models.recipes.demo.train import train
 
     if args.init and not (args.init.is_file() or (args.init / "model.safetensors").is_file()):
         print(f"leapvox: no checkpoint at {args.init} (hint: point --init at another run's state.pt or a model "
@@ -126,13 +126,13 @@ def _usage(parser: argparse.ArgumentParser) -> int:
 
 
 def cmd_build_data(args) -> int:
-    from leapvox.models.demo.data import build_data
+    from leapvox.models.recipes.demo.data import build_data
 
     if not 1 <= args.variants <= 9:
         print("leapvox: --variants must be 1..9", file=sys.stderr)
         return 2
     if args.extra:
-        from leapvox.models.demo.data import build_extra
+        from leapvox.models.recipes.demo.data import build_extra
 
         if not (args.out / "train.pt").is_file():
             print(f"leapvox: no train.pt in {args.out} (hint: build the data first, without --extra)", file=sys.stderr)
@@ -167,8 +167,8 @@ def cmd_wer(args) -> int:
 
     import torch
 
-    from leapvox.models.demo import quality
-    from leapvox.models.demo.codec_fit import load_codec
+    from leapvox.models.recipes.demo import quality
+    from leapvox.models.recipes.demo.codec_fit import load_codec
 
     wanted = [w for w in args.what.split(",") if w]
     if not 0 <= args.true_codes <= 15:

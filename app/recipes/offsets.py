@@ -102,7 +102,7 @@ def _texts(args) -> list[str]:
 
 
 def _frames(model, args):
-    from leapvox.models.spec_recipes import collect_frames
+    from leapvox.models.recipes.spec import collect_frames
 
     if getattr(args, "data", None):
         return _data_frames(model, args.data / "test.pt", args.utterances)
@@ -122,7 +122,7 @@ def _data_frames(model, path: Path, utterances: int):
     """Teacher-forced frames over ground-truth codes of encoded speech (the paper's recipe)."""
     import torch
 
-    from leapvox.models.spec_recipes import Frames, teacher_forced_frames
+    from leapvox.models.recipes.spec import Frames, teacher_forced_frames
 
     d = torch.load(path, weights_only=False)
     synth, parts = model.synthesizer(), []
@@ -136,9 +136,9 @@ def cmd_train_offsets(args) -> int:
     import numpy as np
 
     from leapvox.engine.spec import DraftPlan, default_tree
+    from leapvox.models.recipes.spec import acceptance_rate, run_spec, self_sampled, train_offsets
+    from leapvox.models.recipes.stats import paired_ratio_delta, ratio_ci
     from leapvox.models.spec_assets import offsets_path, save_offsets
-    from leapvox.models.spec_recipes import acceptance_rate, run_spec, self_sampled, train_offsets
-    from leapvox.models.stats import paired_ratio_delta, ratio_ci
 
     names = [v.strip() for v in args.variants.split(",") if v.strip()]
     if not names or any(v not in VARIANTS for v in names):
@@ -208,8 +208,8 @@ def cmd_train_offsets(args) -> int:
 
 
 def cmd_calibrate_tree(args) -> int:
+    from leapvox.models.recipes.spec import expected_tokens_per_call, grow_tree, rank_acceptance, verify_over_ar
     from leapvox.models.spec_assets import load_offsets, save_tree, tree_path
-    from leapvox.models.spec_recipes import expected_tokens_per_call, grow_tree, rank_acceptance, verify_over_ar
 
     from .coreml import calibration_backend
 
@@ -226,7 +226,7 @@ def cmd_calibrate_tree(args) -> int:
     trees = [grow_tree(acc, n) for n in (4, 8, 16, 32, 64)]
     ane = None
     if backend == "ane":  # the exported verify function at each N, timed by Core ML on this Mac
-        from leapvox.models.coreml_export import profile_verify
+        from leapvox.models.recipes.coreml_export import profile_verify
 
         ane = profile_verify(model.tts.talker, trees, offsets, args.compute_units, say=_say)
     for tree in trees:
@@ -252,21 +252,17 @@ def cmd_calibrate_tree(args) -> int:
     return 0
 
 
-# Qwen3-TTS 0.6B code predictor geometry (config.json's code_predictor_config), for --cost-only.
-PREDICTOR_0_6B = dict(hidden_size=1024, intermediate_size=3072, num_hidden_layers=5, num_attention_heads=16,
-                      num_key_value_heads=8, head_dim=128, vocab_size=2048, num_code_groups=16)
-
-
 def bench_verify_cost(threads: int | None = None) -> dict:
     """Median seconds of a verify call over N draft nodes vs an ar step, random 0.6B-size code predictor."""
     import torch
 
     from leapvox.engine.code_predictor import CodePredictor
     from leapvox.engine.config import CodePredictorConfig
-    from leapvox.models.spec_recipes import verify_cost, verify_over_ar
+    from leapvox.models.recipes.geometry import PREDICTOR_0_6B, TALKER_0_6B
+    from leapvox.models.recipes.spec import verify_cost, verify_over_ar
 
     torch.manual_seed(0)
-    cp = CodePredictor(CodePredictorConfig(**PREDICTOR_0_6B), talker_hidden=1024).eval()
+    cp = CodePredictor(CodePredictorConfig(**PREDICTOR_0_6B), talker_hidden=TALKER_0_6B["hidden_size"]).eval()
     ns = (4, 8, 16, 32, 64)
     return {"threads": torch.get_num_threads(), "ar_call_s": verify_cost(cp, 0),
             "verify_s": {n: verify_cost(cp, n) for n in ns}, "verify_over_ar": {n: verify_over_ar(cp, n) for n in ns}}
@@ -283,8 +279,8 @@ def cmd_bench_spec(args) -> int:
         _say(f"wrote {args.json}")
         return 0
     from leapvox.engine.spec import DraftPlan
+    from leapvox.models.recipes.spec import measure_ar, measure_spec, verify_over_ar
     from leapvox.models.spec_assets import load_offsets, load_tree
-    from leapvox.models.spec_recipes import measure_ar, measure_spec, verify_over_ar
 
     folder, model = _load(args)
     cp = model.tts.talker.code_predictor

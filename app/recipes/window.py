@@ -15,9 +15,10 @@ import sys
 import time
 from pathlib import Path
 
-TALKER_0_6B = {
-    "hidden_size": 1024, "intermediate_size": 3072, "num_hidden_layers": 28, "num_attention_heads": 16,
-    "num_key_value_heads": 8, "head_dim": 128, "vocab_size": 3072,
+from leapvox.models.recipes import geometry
+
+TALKER_0_6B = {  # the 0.6B talker's layers (models/recipes/geometry.py) with stub embeddings and code predictor
+    **geometry.TALKER_0_6B,
     "text_vocab_size": 1, "text_hidden_size": 8,  # unused: the benchmark feeds embeddings
     "code_predictor_config": {"hidden_size": 8, "intermediate_size": 8, "num_hidden_layers": 1,
                               "num_attention_heads": 1, "num_key_value_heads": 1, "head_dim": 8, "vocab_size": 8},
@@ -156,7 +157,7 @@ def cmd_train_window(args) -> int:
 
     from leapvox.app.common import UsageError
     from leapvox.models.hub import resolve_model_path
-    from leapvox.models.window_recipe import WindowSchedule, train_window
+    from leapvox.models.recipes.window import WindowSchedule, train_window
 
     if args.window < 1 or args.steps < 1 or args.batch < 1 or args.start_window < args.window:
         raise UsageError("need --window >= 1, --steps >= 1, --batch >= 1 and --start-window >= --window")

@@ -88,17 +88,22 @@ GENERATION_CONFIG = {
 # 1. Tiny byte-level BPE text tokenizer
 # ----------------------------------------------------------------------------------------------
 
+def _load_bpe():
+    """models/recipes/bpe.py, loaded by path: leapvox is not installed in the reference virtualenv."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("leapvox_bpe", REPO / "models" / "recipes" / "bpe.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+BPE = _load_bpe()
+
+
 def bytes_to_unicode():
     """GPT-2 / Qwen2 byte -> printable unicode char table."""
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
-    cs = bs[:]
-    n = 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + n)
-            n += 1
-    return dict(zip(bs, [chr(c) for c in cs], strict=False))
+    return dict(enumerate(BPE.byte_symbols()))
 
 
 # Words (after GPT-2 byte->unicode mapping; "Ġ" = leading space) that must become ONE token.
@@ -190,14 +195,7 @@ def build_text_tokenizer():
 
 
 def write_text_tokenizer(folder: Path, vocab, merges, tok_cfg):
-    with open(folder / "vocab.json", "w", encoding="utf-8") as f:
-        json.dump(vocab, f, ensure_ascii=False)
-    with open(folder / "merges.txt", "w", encoding="utf-8") as f:
-        f.write("#version: 0.2\n")
-        for a, b in merges:
-            f.write(f"{a} {b}\n")
-    with open(folder / "tokenizer_config.json", "w", encoding="utf-8") as f:
-        json.dump(tok_cfg, f, ensure_ascii=False, indent=2)
+    BPE.write_tokenizer_files(folder, vocab, merges, tok_cfg, indent=2)
     with open(folder / "preprocessor_config.json", "w", encoding="utf-8") as f:
         f.write('{"padding_side":"left","padding_value":0.0,"processor_class":"Qwen3TTSProcessor","return_attention_mask":true}')
 

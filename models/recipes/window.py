@@ -1,7 +1,7 @@
 """`leapvox train-window`: adapt a full-attention model to windowed decoding (WAND-style), with distillation.
 
 The student starts as a copy of the model and is trained under exactly the attention pattern of windowed mode
-(engine/windowed.py): every prompt row is visible to every later row, and frame row L+k sees frame rows
+(engine/caches.py RingCache): every prompt row is visible to every later row, and frame row L+k sees frame rows
 k-W+1 .. k only. Two schedules over the first `anneal` fraction of the steps make the change gradual:
 
   window   W(t) = W + (W0 - W) * (1 + cos(pi * t)) / 2, from W0 (default 128) down to the target W;
@@ -83,7 +83,7 @@ def skew_kl(teacher_logits: torch.Tensor, student_logits: torch.Tensor, alpha: f
 def distill_losses(student, teacher, cfg, batch, window: float, tau: float, alpha: float, cp_fraction: float, rng,
                    dropout: float = 0.0) -> dict[str, torch.Tensor]:
     """The four loss terms of one batch (student under the window mask): skewed KL and CE, code 0 and 1..15."""
-    from leapvox.models.demo.train import make_batch, pick_frames, predictor_logits
+    from leapvox.models.recipes.demo.train import make_batch, pick_frames, predictor_logits
 
     x, target, starts, frames = make_batch(student, cfg, batch)
     h = student.talker.model.forward_train(x, dropout, window_bias(starts, x.shape[1], window, tau).to(x.device))
@@ -107,7 +107,7 @@ def distill_losses(student, teacher, cfg, batch, window: float, tau: float, alph
 @torch.no_grad()
 def heldout_ce(model, cfg, examples, window: int | None, batch: int = 16) -> dict[str, float]:
     """Teacher-forced held-out cross-entropy (code 0, codes 1..15) under the hard window mask (None: full)."""
-    from leapvox.models.demo.train import make_batch, predictor_logits
+    from leapvox.models.recipes.demo.train import make_batch, predictor_logits
 
     model.eval()
     tot0 = totcp = n0 = ncp = 0.0
@@ -128,7 +128,7 @@ def heldout_ce(model, cfg, examples, window: int | None, batch: int = 16) -> dic
 
 
 def load_split(loaded, data_dir: Path, split: str, max_frames: int):
-    from leapvox.models.demo.train import load_examples
+    from leapvox.models.recipes.demo.train import load_examples
 
     if not (data_dir / f"{split}.pt").is_file():
         raise InputError(f"no {split}.pt in {data_dir}", hint="give a folder written by leapvox demo build-data")

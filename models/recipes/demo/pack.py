@@ -4,8 +4,8 @@
 their codebook sizes allow) and xz-compresses them; everything else of the split travels as is. `unpack` writes
 the same `train.pt` / `extra.pt` / `test.pt` back, equal tensor for tensor, plus the codec folder.
 
-    python -m leapvox.models.demo.pack DATA pack.xz.pt          # here
-    python -m leapvox.models.demo.pack --unpack pack.xz.pt DATA  # there
+    python -m leapvox.models.recipes.demo.pack DATA pack.xz.pt          # here
+    python -m leapvox.models.recipes.demo.pack --unpack pack.xz.pt DATA  # there
 (--no-codec / --codec DIR leave the speech tokenizer out when the other side already has it)
 """
 
@@ -88,7 +88,7 @@ def unpack(pack_file: str | Path, data_dir: str | Path, codec_dir: str | Path | 
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m leapvox.models.demo.pack", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m leapvox.models.recipes.demo.pack", description=__doc__.split("\n")[0])
     ap.add_argument("--unpack", action="store_true", help="SRC is a pack file, DST a data folder")
     ap.add_argument("--no-codec", action="store_true", help="leave speech_tokenizer/ out of the pack")
     ap.add_argument("--codec", type=Path, help="with --unpack: the codec folder to use when the pack has none")

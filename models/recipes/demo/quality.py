@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from leapvox.models.stats import paired_ratio_delta, ratio_ci
+from leapvox.models.recipes.stats import paired_ratio_delta, ratio_ci
 
 NOISE_SIGMA = 3e-3
 PEAK = 0.9

@@ -1,8 +1,9 @@
-"""The official side of `leapvox bench --vs-official`: run in the reference virtualenv (qwen-tts 0.1.1,
-transformers 4.57.3), never imported by leapvox.
+"""The official side of `python -m tests.benchmarks.bench --vs-official`: run in the reference virtualenv
+(qwen-tts 0.1.1, transformers 4.57.3; its python given by --reference-python or $LEAPVOX_REFERENCE_PYTHON), never
+imported by leapvox.
 
-    PYTHONPATH=tests/reference/stubs /work/refvenv/bin/python models/bench_official.py FOLDER fp32|bf16 FRAMES \
-        REPEATS TEXT
+    PYTHONPATH=tests/reference/stubs $LEAPVOX_REFERENCE_PYTHON tests/benchmarks/bench_official.py FOLDER fp32|bf16 \
+        FRAMES REPEATS TEXT
 
 Loads FOLDER with the official loader, speaks TEXT with the official sampling defaults for at most FRAMES frames,
 REPEATS times after a short warm-up, and prints one JSON line: the talker step (its decoder stack's forward, the

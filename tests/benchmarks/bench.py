@@ -1,10 +1,14 @@
-"""`leapvox bench`: full-size random-weight checkpoints and the CPU speed figures of every mode and weight format.
+"""Developer benchmark: full-size random-weight checkpoints and the CPU speed figures of every mode and weight format.
+
+Run from the repository root: `python -m tests.benchmarks.bench --help` (the user-facing `leapvox bench` measures
+a real model through the speaking path only). Not a test module: pytest collects nothing from this folder.
 
 A checkpoint of the 0.6B or 1.7B architecture is written once, in the official on-disk layout (config.json,
 model.safetensors in bf16, a byte-level text tokenizer whose special tokens sit at the official ids, and
 speech_tokenizer/ with the codec decoder), under leapvox's data folder; the official package loads the same
-folder (`--vs-official`). Random weights make the timings real and the speech noise: spec mode's acceptance on
-such a model says nothing, so its cost side (verify call vs ar call per tree size N) is what carries over.
+folder (`--vs-official`, with `--reference-python` or $LEAPVOX_REFERENCE_PYTHON). Random weights make the timings
+real and the speech noise: spec mode's acceptance on such a model says nothing, so its cost side (verify call vs ar
+call per tree size N) is what carries over.
 
 Measured per weight format, each in a fresh worker process (clean peak memory), back to back in one run:
   - memory bandwidth (a large sum: read-only, like weights) -> the floor of a call = bytes of weights it reads /
@@ -17,7 +21,6 @@ Measured per weight format, each in a fresh worker process (clean peak memory), 
 from __future__ import annotations
 
 import contextlib
-import copy
 import json
 import os
 import resource
@@ -29,6 +32,9 @@ from pathlib import Path
 
 import torch
 
+from leapvox.models.recipes.bpe import byte_symbols, tokenizer_files
+from leapvox.models.recipes.geometry import SIZES, SPEECH_TOKENIZER, model_config  # noqa: F401 (re-exported)
+
 BENCH_VERSION = 1  # bump when the checkpoint recipe changes: cached checkpoints are rebuilt
 TREE_SIZES = (4, 8, 16, 32, 64)
 MODES = ("ar", "spec", "windowed")
@@ -37,180 +43,6 @@ TEXT = (
     "before the sun goes down."
 )
 
-# config.json of Qwen3-TTS-12Hz-0.6B-CustomVoice (design tables); 1.7B differs in the talker width only.
-_CODE_PREDICTOR = {
-    "attention_bias": False,
-    "attention_dropout": 0.0,
-    "head_dim": 128,
-    "hidden_act": "silu",
-    "hidden_size": 1024,
-    "initializer_range": 0.02,
-    "intermediate_size": 3072,
-    "max_position_embeddings": 65536,
-    "model_type": "qwen3_tts_talker_code_predictor",
-    "num_attention_heads": 16,
-    "num_code_groups": 16,
-    "num_hidden_layers": 5,
-    "num_key_value_heads": 8,
-    "rms_norm_eps": 1e-6,
-    "rope_scaling": None,
-    "rope_theta": 1000000,
-    "sliding_window": None,
-    "use_cache": True,
-    "use_sliding_window": False,
-    "vocab_size": 2048,
-    "tie_word_embeddings": False,
-}
-_TALKER = {
-    "attention_bias": False,
-    "attention_dropout": 0.0,
-    "code_predictor_config": _CODE_PREDICTOR,
-    "codec_bos_id": 2149,
-    "codec_eos_token_id": 2150,
-    "codec_think_id": 2154,
-    "codec_nothink_id": 2155,
-    "codec_pad_id": 2148,
-    "codec_think_bos_id": 2156,
-    "codec_think_eos_id": 2157,
-    "codec_language_id": {
-        "chinese": 2055,
-        "english": 2050,
-        "german": 2053,
-        "italian": 2070,
-        "portuguese": 2071,
-        "spanish": 2054,
-        "japanese": 2058,
-        "korean": 2064,
-        "french": 2061,
-        "russian": 2069,
-        "beijing_dialect": 2074,
-        "sichuan_dialect": 2062,
-    },
-    "head_dim": 128,
-    "hidden_act": "silu",
-    "hidden_size": 1024,
-    "initializer_range": 0.02,
-    "intermediate_size": 3072,
-    "max_position_embeddings": 32768,
-    "model_type": "qwen3_tts_talker",
-    "num_attention_heads": 16,
-    "num_code_groups": 16,
-    "num_hidden_layers": 28,
-    "num_key_value_heads": 8,
-    "position_id_per_seconds": 13,
-    "rms_norm_eps": 1e-6,
-    "rope_scaling": {"interleaved": True, "mrope_section": [24, 20, 20], "rope_type": "default", "type": "default"},
-    "rope_theta": 1000000,
-    "sliding_window": None,
-    "spk_id": {
-        "serena": 3066,
-        "vivian": 3065,
-        "uncle_fu": 3010,
-        "ryan": 3061,
-        "aiden": 2861,
-        "ono_anna": 2873,
-        "sohee": 2864,
-        "eric": 2875,
-        "dylan": 2878,
-    },
-    "spk_is_dialect": {
-        "serena": False,
-        "vivian": False,
-        "uncle_fu": False,
-        "ryan": False,
-        "aiden": False,
-        "ono_anna": False,
-        "sohee": False,
-        "eric": "sichuan_dialect",
-        "dylan": "beijing_dialect",
-    },
-    "text_hidden_size": 2048,
-    "text_vocab_size": 151936,
-    "use_cache": True,
-    "use_sliding_window": False,
-    "vocab_size": 3072,
-    "tie_word_embeddings": False,
-}
-_TOP = {
-    "architectures": ["Qwen3TTSForConditionalGeneration"],
-    "model_type": "qwen3_tts",
-    "assistant_token_id": 77091,
-    "im_start_token_id": 151644,
-    "im_end_token_id": 151645,
-    "tts_pad_token_id": 151671,
-    "tts_bos_token_id": 151672,
-    "tts_eos_token_id": 151673,
-    "tokenizer_type": "qwen3_tts_tokenizer_12hz",
-    "tts_model_size": "0b6",
-    "tts_model_type": "custom_voice",
-    "tie_word_embeddings": False,
-}
-SPEECH_TOKENIZER = {
-    "architectures": ["Qwen3TTSTokenizerV2Model"],
-    "model_type": "qwen3_tts_tokenizer_12hz",
-    "encoder_valid_num_quantizers": 16,
-    "input_sample_rate": 24000,
-    "output_sample_rate": 24000,
-    "decode_upsample_rate": 1920,
-    "encode_downsample_rate": 1920,
-    "encoder_config": {  # the official loader builds the (unused) encoder too; its weights stay random there
-        "audio_channels": 1,
-        "num_filters": 64,
-        "kernel_size": 7,
-        "residual_kernel_size": 3,
-        "last_kernel_size": 3,
-        "num_residual_layers": 1,
-        "compress": 2,
-        "dilation_growth_rate": 2,
-        "upsampling_ratios": [8, 6, 5, 4],
-        "hidden_size": 512,
-        "num_hidden_layers": 8,
-        "num_attention_heads": 8,
-        "num_key_value_heads": 8,
-        "head_dim": 64,
-        "intermediate_size": 2048,
-        "hidden_act": "gelu",
-        "norm_eps": 1e-5,
-        "layer_scale_initial_scale": 0.01,
-        "rope_theta": 10000,
-        "max_position_embeddings": 8000,
-        "sliding_window": 250,
-        "num_quantizers": 32,
-        "num_semantic_quantizers": 1,
-        "codebook_size": 2048,
-        "codebook_dim": 256,
-        "vector_quantization_hidden_dimension": 256,
-        "pad_mode": "constant",
-        "use_causal_conv": True,
-        "frame_rate": 12.5,
-        "sampling_rate": 24000,
-    },
-    "decoder_config": {
-        "attention_bias": False,
-        "latent_dim": 1024,
-        "codebook_dim": 512,
-        "codebook_size": 2048,
-        "decoder_dim": 1536,
-        "hidden_act": "silu",
-        "hidden_size": 512,
-        "intermediate_size": 1024,
-        "layer_scale_initial_scale": 0.01,
-        "max_position_embeddings": 8000,
-        "head_dim": 64,
-        "num_attention_heads": 16,
-        "num_hidden_layers": 8,
-        "num_key_value_heads": 16,
-        "num_quantizers": 16,
-        "num_semantic_quantizers": 1,
-        "rms_norm_eps": 1e-5,
-        "rope_theta": 10000,
-        "semantic_codebook_size": 4096,
-        "sliding_window": 72,
-        "upsample_rates": [8, 5, 4, 3],
-        "upsampling_ratios": [2, 2],
-        "vector_quantization_hidden_dimension": 512,
-    },
-}
 GENERATION_CONFIG = {
     "do_sample": True,
     "repetition_penalty": 1.05,
@@ -239,43 +71,15 @@ PROCESSOR = {
     "processor_class": "Qwen3TTSProcessor",
     "return_attention_mask": True,
 }
-SIZES = {
-    "0.6b": {"tts_model_size": "0b6"},
-    "1.7b": {"tts_model_size": "1b7", "talker": {"hidden_size": 2048, "intermediate_size": 6144}},
-}
-
-
-def model_config(size: str) -> dict:
-    """config.json of the official `size` ("0.6b" or "1.7b") CustomVoice model."""
-    if size not in SIZES:
-        raise ValueError(f"unknown model size {size!r}; choose from {', '.join(SIZES)}")
-    spec = SIZES[size]
-    talker = copy.deepcopy(_TALKER)
-    talker.update(spec.get("talker", {}))
-    return {**copy.deepcopy(_TOP), "tts_model_size": spec["tts_model_size"], "talker_config": talker}
 
 
 def bench_root() -> Path:
-    from .hub import leapvox_dirs
+    from leapvox.models.hub import leapvox_dirs
 
     return leapvox_dirs()["data"] / "bench"
 
 
 # ---- the checkpoint ------------------------------------------------------------------------------------------
-
-
-def _byte_alphabet() -> list[str]:
-    """The byte-level BPE alphabet: printable Latin-1 bytes stand for themselves, the other bytes (controls, space,
-    a few others) for the characters from U+0100 up, in byte order."""
-    printable = set(range(0x21, 0x7F)) | set(range(0xA1, 0xAD)) | set(range(0xAE, 0x100))
-    out, extra = [], 0
-    for b in range(256):
-        if b in printable:
-            out.append(chr(b))
-        else:
-            out.append(chr(0x100 + extra))
-            extra += 1
-    return out
 
 
 SPECIAL_NAMES = {
@@ -298,12 +102,12 @@ def text_tokenizer_files(cfg: dict) -> dict[str, str]:
     size = cfg["talker_config"]["text_vocab_size"]
     if first < 300 or last >= size or not 256 < cfg["assistant_token_id"] < first:
         raise ValueError("the text token ids leave no room for a byte-level vocabulary (need ids >= 300)")
-    alphabet = _byte_alphabet()
+    alphabet = byte_symbols()
     vocab = {ch: i for i, ch in enumerate(alphabet)}
     word, merges, pieces = "assistant", [], []
     left = word[0]
     for ch in word[1:]:
-        merges.append(f"{left} {ch}")
+        merges.append((left, ch))
         left += ch
         pieces.append(left)
     free = (i for i in range(256, first) if i != cfg["assistant_token_id"])
@@ -340,11 +144,7 @@ def text_tokenizer_files(cfg: dict) -> dict[str, str]:
         "tokenizer_class": "Qwen2Tokenizer",
         "unk_token": None,
     }
-    return {
-        "vocab.json": json.dumps(vocab, ensure_ascii=False),
-        "merges.txt": "#version: 0.2\n" + "\n".join(merges) + "\n",
-        "tokenizer_config.json": json.dumps(tok_cfg, ensure_ascii=False, indent=1),
-    }
+    return tokenizer_files(vocab, merges, tok_cfg, indent=1)
 
 
 def random_state(module: torch.nn.Module, dtype: torch.dtype, seed: int, head_gain: float = 2.5) -> dict:
@@ -490,7 +290,7 @@ def talker_step_times(talker, frames: int, prompt: int = 48) -> list[float]:
 @torch.inference_mode()
 def predictor_call_times(cp, sizes=TREE_SIZES, repeats: int = 5, prefix: int = 8) -> dict:
     """Per call, after `prefix` cached rows: an ar call (1 row + its head) through the hot loop
-    (engine.predictor_loop) and through the predictor's modules ("module", the generic path), and verify calls over
+    (engine.predictor) and through the predictor's modules ("module", the generic path), and verify calls over
     N draft nodes (N+1 rows under a tree mask, one head), all timed back to back round-robin."""
     from leapvox.engine.predictor import PredictorLoop
 
@@ -610,8 +410,7 @@ def measure_format(
     from dataclasses import replace
 
     from leapvox.engine.quant import linear_weight_bytes
-
-    from .load import load_model
+    from leapvox.models.load import load_model
 
     t0 = time.perf_counter()
     model = load_model(folder, weights=weights)
@@ -673,7 +472,7 @@ def bench_window(frames: int) -> int:
 
 
 def _worker_main(argv: list[str]) -> int:
-    """python -m leapvox.models.bench FOLDER WEIGHTS FRAMES REPEATS MODES WINDOW -> one JSON line on stdout."""
+    """bench.py --worker FOLDER WEIGHTS FRAMES REPEATS MODES WINDOW -> one JSON line on stdout."""
     folder, weights, frames, repeats, modes, window = argv
     out = measure_format(
         Path(folder), weights, int(frames), int(repeats), tuple(m for m in modes.split(",") if m), int(window)
@@ -694,8 +493,8 @@ def run_format(
         return measure_format(folder, weights, frames, repeats, modes, window)
     cmd = [
         sys.executable,
-        "-m",
-        "leapvox.models.bench",
+        str(Path(__file__).resolve()),  # by path: runs from any folder, imports only leapvox and the standard library
+        "--worker",
         str(folder),
         weights,
         str(frames),
@@ -725,8 +524,7 @@ def code_agreement(ref, other, text: str = TEXT, frames: int = 25, seed: int = 0
     from dataclasses import replace
 
     from leapvox.engine.sampling import suppress_mask_for, temperature_top_k_top_p
-
-    from .spec_recipes import predictor_hidden, teacher_forced_frames
+    from leapvox.models.recipes.spec import predictor_hidden, teacher_forced_frames
 
     opts = replace(ref.defaults, max_frames=frames, seed=seed, runaway_guard=False)
     codes, _, _ = ref.synthesizer().generate_codes(text, opts)
@@ -761,11 +559,21 @@ def code_agreement(ref, other, text: str = TEXT, frames: int = 25, seed: int = 0
 
 # ---- the official implementation -------------------------------------------------------------------------------
 
-REFERENCE_PYTHON = Path(os.environ.get("LEAPVOX_REFERENCE_PYTHON", "/work/refvenv/bin/python"))
+# The python of a virtualenv with the official qwen-tts package (tests/reference/README.md): --reference-python, or
+# $LEAPVOX_REFERENCE_PYTHON. None: not given, the official side is skipped with one line saying how to give it.
+REFERENCE_PYTHON: Path | None = (
+    Path(os.environ["LEAPVOX_REFERENCE_PYTHON"]) if os.environ.get("LEAPVOX_REFERENCE_PYTHON") else None
+)
 
 
 def official_available() -> str | None:
     """None when the official package can be run, else why not (one line)."""
+    if REFERENCE_PYTHON is None:
+        return (
+            "no reference virtualenv given (pass --reference-python PATH/bin/python or set LEAPVOX_REFERENCE_PYTHON "
+            "to the python of a virtualenv with the official qwen-tts, see tests/reference/README.md); "
+            "skipping the official side"
+        )
     if not REFERENCE_PYTHON.is_file():
         return (
             f"no reference virtualenv at {REFERENCE_PYTHON} (set LEAPVOX_REFERENCE_PYTHON, or see "
@@ -775,9 +583,9 @@ def official_available() -> str | None:
 
 
 def run_official(folder: Path, dtype: str, frames: int, repeats: int, text: str = TEXT, timeout: float = 3600) -> dict:
-    """Run models/bench_official.py in the reference virtualenv on `folder`; its JSON result."""
+    """Run tests/benchmarks/bench_official.py in the reference virtualenv on `folder`; its JSON result."""
     script = Path(__file__).with_name("bench_official.py")
-    stubs = Path(__file__).resolve().parents[1] / "tests" / "reference" / "stubs"
+    stubs = Path(__file__).resolve().parents[1] / "reference" / "stubs"
     env = dict(os.environ, PYTHONPATH=str(stubs))
     cmd = [str(REFERENCE_PYTHON), str(script), str(folder), dtype, str(frames), str(repeats), text]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout)
@@ -943,7 +751,7 @@ def tree_speedup(result: dict, acceptance: list[list[float]] | None = None) -> d
     nodes over whole 15-code frames and the resulting inner-loop speedup over ar, tokens per call / cost (the
     paper's Fig. 4 for this CPU). Random weights say nothing about acceptance, so without a table only the cost
     side is filled."""
-    from .spec_recipes import expected_tokens_per_call, grow_tree
+    from leapvox.models.recipes.spec import expected_tokens_per_call, grow_tree
 
     out = {}
     for w, rec in result["formats"].items():
@@ -1061,7 +869,7 @@ def run_bench(
         result["acceptance_from"] = Path(acceptance).name
     result["tree"] = tree_speedup(result, table_)
     if fidelity and "fp32" in weights and len(weights) > 1:
-        from .load import load_model
+        from leapvox.models.load import load_model
 
         say("fidelity: teacher-forced code agreement with fp32")
         ref = load_model(folder, weights="fp32")
@@ -1090,5 +898,132 @@ def run_bench(
     return result
 
 
+# ---- command line ----------------------------------------------------------------------------------------------
+
+WEIGHTS = ("fp32", "bf16", "int8")
+
+
+def _parser():
+    import argparse
+
+    b = argparse.ArgumentParser(
+        prog="python -m tests.benchmarks.bench",
+        description="Build (once, in leapvox's data folder) a random-weight checkpoint of the official architecture "
+        "and measure per frame the talker step, code-predictor calls (ar and verify at N = 4..64), codec decode, "
+        "overheads, xRT, time to first audio, peak memory and each call's time over its memory-bandwidth floor.",
+    )
+    b.add_argument("--model-size", choices=list(SIZES), default="0.6b", help="architecture (default 0.6b)")
+    b.add_argument("--model", type=Path, help="benchmark this checkpoint folder instead of a random-weight one")
+    b.add_argument("--weights", default=",".join(WEIGHTS), help="comma-separated weight formats (default all)")
+    b.add_argument("--modes", default=",".join(MODES), help="comma-separated decoding modes (default all)")
+    b.add_argument("--frames", type=int, default=25, help="frames per utterance and per timing series (default 25)")
+    b.add_argument("--repeats", type=int, default=3, help="repetitions; the minimum time is reported (default 3)")
+    b.add_argument(
+        "--vs-official",
+        action="store_true",
+        help="also run the official qwen-tts on the same checkpoint (needs the reference virtualenv)",
+    )
+    b.add_argument(
+        "--reference-python",
+        type=Path,
+        help="python of the virtualenv with the official qwen-tts (default $LEAPVOX_REFERENCE_PYTHON)",
+    )
+    b.add_argument("--threads", type=int, help="torch threads, here and in every worker (default: torch's own choice)")
+    b.add_argument("--window", type=int, help="windowed mode's window in frames (default half of --frames, <= 48)")
+    b.add_argument(
+        "--acceptance",
+        type=Path,
+        help="a calibrate-tree JSON (rank acceptance): turns verify costs into the speedup-vs-N curve",
+    )
+    b.add_argument("--json", type=Path, default=Path("bench.json"), help="where to write the raw numbers")
+    b.add_argument("--no-plots", action="store_true", help="do not write the PNG plots")
+    return b
+
+
+class _Usage(Exception):
+    def __init__(self, message: str, hint: str | None = None):
+        super().__init__(message + (f" (hint: {hint})" if hint else ""))
+
+
+def _list(value: str, allowed: tuple[str, ...], what: str) -> list[str]:
+    items = [v.strip() for v in value.split(",") if v.strip()]
+    bad = [v for v in items if v not in allowed]
+    if bad or not items:
+        raise _Usage(f"unknown {what} {bad[0] if bad else '(none)'!r}", hint=f"choose from {', '.join(allowed)}")
+    return items
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The developer benchmark's command line: table on stdout, JSON (and PNG plots) beside --json. Exit 2 on bad
+    usage, with the reason on stderr."""
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--worker"]:
+        return _worker_main(argv[1:])
+    from leapvox.engine.errors import LeapvoxError
+
+    args = _parser().parse_args(argv)
+    try:
+        return _run(args)
+    except _Usage as e:
+        print(f"bench: error: {e}", file=sys.stderr, flush=True)
+        return 2
+    except LeapvoxError as e:  # a checkpoint folder that does not load, a worker that failed
+        print(f"bench: error: {e}", file=sys.stderr, flush=True)
+        return 1
+
+
+def _run(args) -> int:
+    global REFERENCE_PYTHON
+
+    weights = _list(args.weights, WEIGHTS, "weight format")
+    modes = _list(args.modes, MODES, "mode")
+    if args.frames < 2 or args.repeats < 1:
+        raise _Usage("--frames must be >= 2 and --repeats >= 1")
+    if args.json.parent and not args.json.expanduser().parent.is_dir():
+        raise _Usage(f"cannot write {args.json}: its folder does not exist")
+    if (args.threads is not None and args.threads < 1) or (args.window is not None and args.window < 1):
+        raise _Usage("--threads and --window must be >= 1")
+    if args.acceptance is not None and not args.acceptance.is_file():
+        raise _Usage(f"no acceptance file {args.acceptance}", hint="write one with leapvox calibrate-tree --json")
+    if args.acceptance is not None:
+        try:
+            read_acceptance(args.acceptance)
+        except ValueError as e:  # also a file that is not JSON
+            raise _Usage(str(e), hint="write one with leapvox calibrate-tree --json") from None
+    if args.reference_python is not None:
+        REFERENCE_PYTHON = args.reference_python
+
+    def say(msg: str) -> None:
+        print(f"bench: {msg}", file=sys.stderr, flush=True)
+
+    if args.threads:
+        os.environ["OMP_NUM_THREADS"] = str(args.threads)  # the workers and the official run start with it
+        torch.set_num_threads(args.threads)
+    from leapvox.models.files import write_text_atomic
+
+    if args.model is not None:
+        from leapvox.models.checkpoint import check_folder
+
+        folder = check_folder(args.model)
+    else:
+        folder = checkpoint_for(args.model_size, say=say)
+    result = run_bench(
+        folder,
+        weights,
+        modes,
+        args.frames,
+        args.repeats,
+        official=args.vs_official,
+        say=say,
+        window=args.window,
+        acceptance=args.acceptance,
+    )
+    print(table(result))
+    write_text_atomic(args.json, json.dumps(result, indent=1))
+    plots = [] if args.no_plots else plot(result, args.json)
+    say(f"wrote {args.json}" + "".join(f", {p}" for p in plots))
+    return 0
+
+
 if __name__ == "__main__":
-    sys.exit(_worker_main(sys.argv[1:]))
+    sys.exit(main())

@@ -34,9 +34,8 @@ from leapvox.engine.errors import LeapvoxError
 from leapvox.engine.layers import RMSNorm
 from leapvox.engine.spec import DEFAULT_TREE, DraftTree
 from leapvox.engine.talker import Talker
-
-from .coreml_assets import export_root
-from .paths import model_key, model_revision
+from leapvox.models.coreml_assets import export_root
+from leapvox.models.paths import model_key, model_revision
 
 WEIGHTS = ("w8a16", "fp16")
 PARTS = ("predictor", "talker", "codec")
@@ -449,8 +448,8 @@ def export_modules(talker: Talker, dest: Path, settings: ExportSettings, offsets
 
 def export_model(folder: Path, settings: ExportSettings, say: Callable[[str], None] = print) -> tuple[Path, dict]:
     """Load the checkpoint in `folder` (fp32), pick up its spec offsets, export into the coreml folder."""
-    from .load import load_model
-    from .spec_assets import load_offsets
+    from leapvox.models.load import load_model
+    from leapvox.models.spec_assets import load_offsets
 
     model = load_model(folder, weights="fp32")
     talker = model.tts.talker

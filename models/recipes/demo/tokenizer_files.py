@@ -6,8 +6,9 @@ Base vocabulary: the 256 byte symbols. Merges make every multi-byte character of
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
+
+from leapvox.models.recipes.bpe import byte_symbols, write_tokenizer_files
 
 SPECIAL_TOKENS = [
     "<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|audio_start|>", "<|audio_end|>", "<tts_pad>",
@@ -15,24 +16,8 @@ SPECIAL_TOKENS = [
 ]
 
 
-def byte_symbols() -> list[str]:
-    """The byte -> printable-character table of byte-level BPE (GPT-2 convention)."""
-    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1))
-    printable += list(range(ord("®"), ord("ÿ") + 1))
-    table, extra = {}, 0
-    for b in range(256):
-        if b in printable:
-            table[b] = chr(b)
-        else:
-            table[b] = chr(256 + extra)
-            extra += 1
-    return [table[b] for b in range(256)]
-
-
 def write_tokenizer(folder: Path, corpus: list[str]) -> dict:
     """Write the three tokenizer files; returns the vocabulary size, special-token ids and the assistant id."""
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
     sym = byte_symbols()
     vocab = {s: i for i, s in enumerate(sym)}
     merges: list[tuple[str, str]] = []
@@ -50,12 +35,10 @@ def write_tokenizer(folder: Path, corpus: list[str]) -> dict:
         add_word(ch)
     add_word("assistant")
     special = {t: len(vocab) + i for i, t in enumerate(SPECIAL_TOKENS)}
-    (folder / "vocab.json").write_text(json.dumps(vocab, ensure_ascii=False))
-    (folder / "merges.txt").write_text("#version: 0.2\n" + "".join(f"{a} {b}\n" for a, b in merges))
     decoder = {str(i): {"content": t, "special": True, "lstrip": False, "rstrip": False, "normalized": False,
                         "single_word": False} for t, i in special.items()}
     config = {"tokenizer_class": "Qwen2Tokenizer", "added_tokens_decoder": decoder, "eos_token": "<|im_end|>",
               "pad_token": "<|endoftext|>", "model_max_length": 32768, "clean_up_tokenization_spaces": False,
               "errors": "replace", "split_special_tokens": False}
-    (folder / "tokenizer_config.json").write_text(json.dumps(config, indent=1, ensure_ascii=False))
+    write_tokenizer_files(folder, vocab, merges, config)
     return {"vocab_size": len(vocab) + len(SPECIAL_TOKENS), "special": special, "assistant": vocab["assistant"]}

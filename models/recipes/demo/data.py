@@ -1,6 +1,6 @@
 """Training data for the demo model: fortunes sentences -> espeak-ng speech (augmented) -> demo-codec codes.
 
-build_data(out_dir) writes (see models/demo/README.md for the layout):
+build_data(out_dir) writes (see models/recipes/demo/README.md for the layout):
   manifest.json          provenance, licence, espeak-ng version, filters, splits, variant grid, counts, timings
   train.pt / test.pt     per-split dict: text/phonemes/source per sentence; codes and per-utterance rows
   speech_tokenizer/      the demo codec, fitted on train sentences only

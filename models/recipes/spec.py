@@ -254,7 +254,7 @@ def verify_over_ar(cp: CodePredictor, nodes: int, prefix: int = 8, repeats: int 
 
 
 def _call_times(cp: CodePredictor, nodes: int, prefix: int, repeats: int) -> tuple[float, float]:
-    """Both calls as spec and ar run them at batch 1: on the predictor's hot loop (predictor_loop)."""
+    """Both calls as spec and ar run them at batch 1: on the predictor's hot loop (engine.predictor)."""
     loop = loop_for(cp)
     loop.reserve(prefix + nodes + 2)
     hc = cp.cfg.hidden_size

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Train demo-model candidates side by side on one CUDA GPU from a packed dataset, within a wall-time budget.
 #
-#   bash models/demo/train_on_gpu.sh PACK OUT MINUTES [RUN ...]
+#   bash models/recipes/demo/train_on_gpu.sh PACK OUT MINUTES [RUN ...]
 #
-# PACK: `python -m leapvox.models.demo.pack --no-codec DATA PACK` (the codec is the bundled demo model's);
+# PACK: `python -m leapvox.models.recipes.demo.pack --no-codec DATA PACK` (the codec is the bundled demo model's);
 # OUT: gets one log per run and each run's best export (lowest held-out loss; model.safetensors, config and
 # tokenizer files, no speech_tokenizer/) as a tar cut into pieces of at most 15 MB: RUN.tar.00, RUN.tar.01, ...
 # (reassemble with `cat RUN.tar.* | tar -x`). RUN: name:size:batch:lr:dropout[:sampled[:objective]] (default: two
@@ -18,19 +18,19 @@ shift 3
 runs=("$@")
 [ ${#runs[@]} -gt 0 ] || runs=(medium:medium:64:8e-4:0.15 wide:wide:64:1e-3:0.1)
 device=${DEVICE:-cuda}
-root=$(cd "$(dirname "$0")/../.." && pwd)
+root=$(cd "$(dirname "$0")/../../.." && pwd)
 work=${TMPDIR:-/tmp}/leapvox_gpu
 rm -rf "$work"
 mkdir -p "$work/pkg/leapvox" "$out"
 for d in app engine models; do ln -s "$root/$d" "$work/pkg/leapvox/$d"; done
 export PYTHONPATH=$work/pkg PYTHONUNBUFFERED=1
-python3 -m leapvox.models.demo.pack --unpack --codec "$root/models/assets/demo/speech_tokenizer" "$pack" "$work/data"
+python3 -m leapvox.models.recipes.demo.pack --unpack --codec "$root/models/assets/demo/speech_tokenizer" "$pack" "$work/data"
 python3 - "$work/data" <<'EOF'
 # the tokenizer must split phonemes here exactly as on the CPU that will run the model: the byte-level BPE gives
 # each IPA code point one token, so check that on every distinct symbol
 import sys, tempfile, torch
 from pathlib import Path
-from leapvox.models.demo.tokenizer_files import write_tokenizer
+from leapvox.models.recipes.demo.tokenizer_files import write_tokenizer
 from leapvox.models.tokenizer import TextTokenizer
 ph = [p for n in ("train", "extra") for p in torch.load(f"{sys.argv[1]}/{n}.pt", weights_only=False)["phonemes"]]
 with tempfile.TemporaryDirectory() as d:
