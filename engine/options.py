@@ -7,8 +7,9 @@ from dataclasses import dataclass, field, replace
 
 from .config import TTSConfig
 from .errors import InputError
-from .prompt import TEXT_LAYOUTS
-from .sampling import SamplingParams
+
+# Where the text rows sit: all in the prompt (as the official package by default), or riding on frames.
+TEXT_LAYOUTS: tuple[str, ...] = ("non-streaming", "streaming")
 
 # The decoding modes; everything that lists modes (option validation, `leapvox compare`, the TUI selector) reads
 # MODES, and `Synthesizer` turns a mode into its cache policy and predictor strategy (synthesis.decode_frames).
@@ -41,6 +42,16 @@ GUARD_FRAMES_PER_TOKEN = 12
 # the cache stays at (L + 48) x 0.22 MiB instead of growing 0.22 MiB per frame (`leapvox bench-window`).
 # Quality vs W can only be measured with real or adapted weights; 48 is a starting point, not a tuned value.
 DEFAULT_WINDOW = 48
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """One sampling switch and its warpers. `top_k` 0 and `top_p` 1.0 disable those warpers."""
+
+    do_sample: bool = True
+    temperature: float = 0.9
+    top_k: int = 50
+    top_p: float = 1.0
 
 
 def guard_frames(n_text_tokens: int) -> int:

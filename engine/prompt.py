@@ -18,9 +18,8 @@ import torch
 
 from .config import TTSConfig
 from .errors import InputError
+from .options import TEXT_LAYOUTS
 from .talker import Talker
-
-TEXT_LAYOUTS = ("non-streaming", "streaming")
 
 
 def wrap_text(text: str) -> str:

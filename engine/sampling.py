@@ -8,21 +8,11 @@ Codes 1..15 (code predictor): the same without penalty, EOS and suppression.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
+from .options import SamplingParams  # the options live with the others; sampled here
+
 NEG_INF = float("-inf")
-
-
-@dataclass(frozen=True)
-class SamplingParams:
-    """One sampling switch and its warpers. `top_k` 0 and `top_p` 1.0 disable those warpers."""
-
-    do_sample: bool = True
-    temperature: float = 0.9
-    top_k: int = 50
-    top_p: float = 1.0
 
 
 def repetition_penalty(logits: torch.Tensor, history: torch.Tensor, penalty: float) -> torch.Tensor:

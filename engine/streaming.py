@@ -127,13 +127,22 @@ class Tally:
             setattr(d, name, getattr(d, name) + getattr(c, name))
         self.stop_reasons.append(stop_reason or c.stop_reason)
         self.spoken_s.append(sentence_audio_s)
+        self.spoken_total += sentence_audio_s
         self.current = DecodeStats(kv_bytes=c.kv_bytes)
 
-    def est_remaining(self, sample_rate: int) -> float:
+    def __post_init__(self) -> None:
+        # guessed audio seconds of the sentences, and its running sum (guessed_before[i] = sentences 0..i-1), once:
+        # a snapshot per chunk must not walk a long text's sentences again
         guess = [estimate_audio_s(s) for s in self.sentences]
-        n = len(self.spoken_s)
-        scale = sum(self.spoken_s) / max(sum(guess[:n]), 1e-6) if n else 1.0
-        total = sum(self.spoken_s) + scale * sum(guess[n:])
+        self.guessed_before = [0.0]
+        for g in guess:
+            self.guessed_before.append(self.guessed_before[-1] + g)
+        self.spoken_total = 0.0
+
+    def est_remaining(self, sample_rate: int) -> float:
+        n, before = len(self.spoken_s), self.guessed_before
+        scale = self.spoken_total / max(before[n], 1e-6) if n else 1.0
+        total = self.spoken_total + scale * (before[-1] - before[n])
         return max(0.0, total - self.audio_samples / sample_rate)
 
     def snapshot(self, sample_rate: int) -> StreamStats:

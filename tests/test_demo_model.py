@@ -66,7 +66,7 @@ def test_demo_stops_by_itself_with_plausible_lengths():
 
 
 def test_demo_streams_like_the_tui_and_play_do():
-    """stream_speech (behind speak --play and the TUI) runs on the demo codec's streaming decoder."""
+    """Synthesizer.stream (behind speak, the TUI and compare) runs on the demo codec's streaming decoder."""
     import numpy as np
 
     from leapvox.models.load import load_model
