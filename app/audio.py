@@ -59,19 +59,34 @@ def pcm16(audio: np.ndarray) -> bytes:
 class WavWriter:
     """A WAV written as audio arrives, in bounded memory: to a file (a temp file beside it, renamed into place by
     `close()`; `abort()` or an exception leaves the target untouched) or to a binary stream such as stdout (a
-    streaming header, patched with the real sizes when the stream can seek)."""
+    streaming header, patched with the real sizes when the stream can seek).
 
-    def __init__(self, target: str | Path | BinaryIO, sample_rate: int):
-        self.sample_rate, self.samples, self.path, self.tmp = sample_rate, 0, None, None
+    A file's temp file is made at once, so that a folder that cannot be written fails before any work; with
+    `sample_rate` None the header waits for `start(sample_rate)` (the rate is known once the model is loaded)."""
+
+    def __init__(self, target: str | Path | BinaryIO, sample_rate: int | None):
+        self.sample_rate, self.samples, self.path, self.tmp = None, 0, None, None
         if isinstance(target, (str, Path)):
             self.path = Path(target)
             fd, tmp = tempfile.mkstemp(prefix=f".{self.path.name}.", suffix=".part", dir=self.path.parent)
             self.tmp = Path(tmp)
-            os.chmod(fd, 0o666 & ~_umask())
-            self.out = os.fdopen(fd, "wb")
+            try:
+                os.chmod(fd, 0o666 & ~_umask())
+                self.out = os.fdopen(fd, "wb")
+            except BaseException:
+                os.close(fd)
+                self.tmp.unlink(missing_ok=True)
+                raise
         else:
             self.out = target
-        self.out.write(wav_header(sample_rate))
+        if sample_rate is not None:
+            self.start(sample_rate)
+
+    def start(self, sample_rate: int) -> None:
+        """Write the header (once)."""
+        if self.sample_rate is None:
+            self.sample_rate = sample_rate
+            self.out.write(wav_header(sample_rate))
 
     def write(self, audio: np.ndarray) -> None:
         if len(audio):
@@ -79,18 +94,23 @@ class WavWriter:
             self.samples += len(audio)
 
     def close(self) -> Path | None:
-        """Finish the file: real sizes in the header, fsync, rename. Returns the path (None for a stream)."""
-        try:
-            if self.out.seekable():
-                self.out.seek(0)
-                self.out.write(wav_header(self.sample_rate, self.samples))
-                self.out.seek(0, os.SEEK_END)
-        except OSError:  # a pipe that claims to seek: the streaming header stays
-            pass
-        self.out.flush()
+        """Finish the file: real sizes in the header, fsync, rename. Returns the path (None for a stream).
+        On an error (a full disk, say) a file's temp file is removed and the error raised."""
         if self.path is None:
+            try:
+                if self.out.seekable():
+                    self.out.seek(0)
+                    self.out.write(wav_header(self.sample_rate, self.samples))
+                    self.out.seek(0, os.SEEK_END)
+            except OSError:  # a pipe that claims to seek: the streaming header stays
+                pass
+            self.out.flush()
             return None
         try:
+            self.out.seek(0)
+            self.out.write(wav_header(self.sample_rate, self.samples))
+            self.out.seek(0, os.SEEK_END)
+            self.out.flush()
             os.fsync(self.out.fileno())
             self.out.close()
             os.replace(self.tmp, self.path)
@@ -100,7 +120,12 @@ class WavWriter:
         return self.path
 
     def abort(self) -> None:
-        """Drop a file being written (the target is untouched); a stream is left as it is."""
+        """Drop a file being written (the target is untouched), even when its buffered data cannot be written
+        (a full disk); a stream is left as it is."""
         if self.path is not None:
-            self.out.close()
-            self.tmp.unlink(missing_ok=True)
+            try:
+                self.out.close()
+            except OSError:
+                pass
+            finally:
+                self.tmp.unlink(missing_ok=True)

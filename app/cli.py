@@ -9,51 +9,73 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import signal
 import sys
 
-from leapvox.app.common import EXIT_FAILED, EXIT_USAGE, UsageError, error_line, say
+from leapvox.app.common import EXIT_FAILED, EXIT_USAGE, Terminated, UsageError, error_line, say, version
 
-# Each module has add_commands(subparsers); the order is the order of `leapvox --help`.
-COMMAND_MODULES = (
-    "leapvox.app.speak",  # speak, speakers, devices
-    "leapvox.app.tui.command",  # tui
-    "leapvox.app.compare",  # compare
-    "leapvox.app.manage",  # models, paths
-    "leapvox.app.recipes.offsets",  # train-offsets, calibrate-tree, bench-spec
-    "leapvox.app.recipes.demo",  # demo
-    "leapvox.app.recipes.window",  # train-window, bench-window
-    "leapvox.app.recipes.coreml",  # export-coreml
-    "leapvox.app.bench",  # bench
-    "leapvox.app.doctor",  # doctor
-)
+# command -> (module with add_commands(subparsers), one-line help); the order is the order of `leapvox --help`.
+# `leapvox COMMAND` imports only COMMAND's module, so speaking never imports the recipes' command modules.
+COMMANDS = {
+    "speak": ("leapvox.app.speak", "synthesise text to a WAV file, standard output or the speakers"),
+    "speakers": ("leapvox.app.speak", "list a model's speakers and languages"),
+    "devices": ("leapvox.app.speak", "list audio output devices (for --device)"),
+    "tui": ("leapvox.app.tui.command", "interactive window: type, speak, live speed readouts, history"),
+    "compare": ("leapvox.app.compare", "speak one text through every decoding mode; table, WAVs, JSON (and a plot)"),
+    "models": ("leapvox.app.manage", "list, download, check and remove models (Hugging Face cache)"),
+    "paths": ("leapvox.app.manage", "where leapvox and the Hugging Face cache keep files"),
+    "bench": ("leapvox.app.bench", "this machine, this model: speed per decoding mode and weight format"),
+    "doctor": ("leapvox.app.doctor", "check this installation: Python, torch, audio, espeak-ng, models"),
+    "train-offsets": ("leapvox.app.recipes.offsets", "train spec mode's draft offsets for a model (frozen model)"),
+    "calibrate-tree": ("leapvox.app.recipes.offsets", "measure acceptance and choose spec mode's draft tree here"),
+    "bench-spec": ("leapvox.app.recipes.offsets", "benchmark spec vs ar decoding of the code predictor"),
+    "train-window": ("leapvox.app.recipes.window", "adapt a model to windowed mode (distil into a windowed student)"),
+    "bench-window": ("leapvox.app.recipes.window", "benchmark windowed vs ar talker steps: latency and KV bytes"),
+    "export-coreml": ("leapvox.app.recipes.coreml", "export talker, code predictor and codec decoder to Core ML"),
+    "demo": ("leapvox.app.recipes.demo", "the demo model's recipe: data, codec, training, WER"),
+}
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The full parser; with `command`, only that command's module is imported (the others are listed by name)."""
     p = argparse.ArgumentParser(
         prog="leapvox",
         description="Fast, faithful local text-to-speech for Qwen3-TTS models.",
         epilog="Run 'leapvox COMMAND --help' for the options of a command.",
     )
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
-    for name in COMMAND_MODULES:
-        importlib.import_module(name).add_commands(sub)
-    from leapvox.app.doctor import version
-
+    modules = dict.fromkeys(m for name, (m, _) in COMMANDS.items() if command in (None, name))
+    for module in modules:
+        importlib.import_module(module).add_commands(sub)
+    for name, (_, help) in COMMANDS.items():
+        if name not in sub.choices:
+            sub.add_parser(name, help=help)
     p.add_argument("--version", action="version", version=f"leapvox {version()}")
     return p
 
 
+def _command(argv: list[str]) -> str | None:
+    """The command named in `argv` (the first argument that is not an option), if it is one."""
+    first = next((a for a in argv if not a.startswith("-")), None)
+    return first if first in COMMANDS else None
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else argv
+    parser = build_parser(_command(argv) or "")
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
         parser.print_help(sys.stderr)
         return EXIT_USAGE
+    previous = _on_sigterm()
     try:
         return args.func(args)
     except UsageError as e:
         say(error_line(e))
         return EXIT_USAGE
+    except Terminated:
+        say("leapvox: terminated")
+        return 128 + signal.SIGTERM
     except KeyboardInterrupt:
         say("leapvox: interrupted")
         return 130
@@ -69,6 +91,25 @@ def main(argv: list[str] | None = None) -> int:
             raise
         say(f"leapvox: internal error: {type(e).__name__}: {e} (hint: set LEAPVOX_DEBUG=1 for the traceback)")
         return EXIT_FAILED
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _on_sigterm():
+    """Turn SIGTERM into `Terminated` (once: a second one while cleaning up is ignored); returns the handler it
+    replaced, or None where no handler can be set (not the main thread)."""
+    fired = []
+
+    def handler(signum, frame):
+        if not fired:
+            fired.append(signum)
+            raise Terminated()
+
+    try:
+        return signal.signal(signal.SIGTERM, handler)
+    except (ValueError, OSError):
+        return None
 
 
 if __name__ == "__main__":

@@ -4,6 +4,8 @@ Only argparse and the standard library at import time, and nothing here imports 
 from __future__ import annotations
 
 import argparse
+import math
+import re
 import sys
 from dataclasses import replace
 
@@ -21,6 +23,22 @@ class UsageError(Exception):
     def __init__(self, message: str, hint: str | None = None):
         super().__init__(message)
         self.hint = hint
+
+
+def version() -> str:
+    """leapvox's version from the installed package metadata ("unknown" when run from a bare source tree)."""
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as dist_version
+
+    try:
+        return dist_version("leapvox")
+    except PackageNotFoundError:
+        return "unknown (not installed)"
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised by the CLI's handler where the program is: the Ctrl-C path (temp files removed, players
+    stopped), then "leapvox: terminated" and exit 143 (128 + SIGTERM) without a traceback."""
 
 
 def say(msg: str) -> None:
@@ -98,22 +116,57 @@ def load(args, pull: bool = False, say=tell):
                       progress=pull and sys.stderr.isatty() and not getattr(args, "quiet", False))
 
 
+# What is taken out of the text before speaking: terminal escape sequences (CSI such as "\x1b[31m", OSC such as a
+# window title or hyperlink, and two-character escapes), then any other control character. Tabs and line breaks
+# stay (they are white space); everything else would be read aloud or passed on to a front end such as espeak-ng.
+_ESCAPES = re.compile(
+    r"(?:\x1b\[|\x9b)[0-?]*[ -/]*[@-~]"  # CSI ... final byte
+    r"|(?:\x1b\]|\x9d)[^\x07\x1b\x9c]*(?:\x07|\x1b\\|\x9c)?"  # OSC ... BEL or ST
+    r"|\x1b[ -/]*[0-~]"  # other escapes: ESC (, ESC =, ESC 7 ...
+)
+_CONTROLS = re.compile(r"[\x00-\x08\x0e-\x1f\x7f-\x9f]")
+
+
+def clean_text(text: str) -> str:
+    """`text` without terminal escape sequences and control characters (see _ESCAPES), stripped."""
+    return _CONTROLS.sub("", _ESCAPES.sub("", text)).strip()
+
+
+def _check_no_nul(text: str, where: str) -> None:
+    if "\0" in text:
+        raise UsageError(f"{where} contains a NUL byte (at character {text.index(chr(0))}): it is not plain text",
+                         hint="give a UTF-8 text file")
+
+
 def read_text(args) -> str:
-    """The text of `TEXT`, `-` (standard input) or `-f FILE`, stripped; a usage error when there is none."""
+    """The text of `TEXT`, `-` (standard input) or `-f FILE`, cleaned of control characters and escape sequences
+    and stripped; a usage error when there is none, or when it is not UTF-8 text or holds a NUL byte."""
     if args.file is not None and args.text is not None:
         raise UsageError("give the text either as an argument or with -f, not both")
     if args.file is not None:
+        where = str(args.file)
         try:
-            text = args.file.read_text(encoding="utf-8")
+            text = args.file.read_bytes().decode("utf-8")
         except OSError as e:
             raise UsageError(f"cannot read {args.file}: {e.strerror or e}") from None
+        except UnicodeDecodeError as e:
+            raise UsageError(f"cannot read {args.file}: it is not UTF-8 text (byte 0x{e.object[e.start]:02x} at "
+                             f"offset {e.start})", hint="convert it, e.g. iconv -f latin1 -t utf-8") from None
+        if text.startswith("\ufeff"):  # a UTF-8 byte order mark
+            text = text[1:]
     elif args.text == "-":
-        text = sys.stdin.read()
+        where = "standard input"
+        try:
+            text = sys.stdin.read()
+        except UnicodeDecodeError as e:
+            raise UsageError(f"cannot read standard input: it is not {e.encoding} text (byte "
+                             f"0x{e.object[e.start]:02x} at offset {e.start})", hint="pipe UTF-8 text") from None
     elif args.text is not None:
-        text = args.text
+        where, text = "the text", args.text
     else:
         raise UsageError("no text given", hint='leapvox speak "Hello" -o hello.wav, or - to read standard input')
-    text = text.strip()
+    _check_no_nul(text, where)
+    text = clean_text(text)
     if not text:
         raise UsageError("the text is empty", hint="give some words to speak")
     return text
@@ -125,9 +178,62 @@ def given(obj, **values):
 
 
 def sampling_args(p, args):
-    """SamplingParams `p` with the --greedy, --temperature, --top-k and --top-p that `args` has and the user gave."""
-    p = replace(p, do_sample=p.do_sample and not args.greedy)
-    return given(p, **{k: getattr(args, k, None) for k in ("temperature", "top_k", "top_p")})
+    """SamplingParams `p` with the --greedy, --temperature, --top-k and --top-p that `args` has and the user gave;
+    --temperature 0 means greedy (argmax), as in OpenAI's clients."""
+    temperature = getattr(args, "temperature", None)
+    greedy = getattr(args, "greedy", False) or temperature == 0
+    p = replace(p, do_sample=p.do_sample and not greedy)
+    values = {k: getattr(args, k, None) for k in ("temperature", "top_k", "top_p")}
+    if temperature == 0:
+        values["temperature"] = None  # greedy: the temperature is not used; the model's stays valid
+    return given(p, **values)
+
+
+def check_sampling_flags(args) -> None:
+    """The values of speak's numeric flags, named as the user typed them: a usage error (exit 2) before any loading."""
+    def bad(flag, value, rule, hint=None):
+        raise UsageError(f"{flag} must be {rule}, got {value:g}" if isinstance(value, float) else
+                         f"{flag} must be {rule}, got {value}", hint=hint)
+
+    t = getattr(args, "temperature", None)
+    if t is not None and not (t >= 0 and math.isfinite(t)):
+        bad("--temperature", t, ">= 0", "try 0.9; 0 (or --greedy) picks the most likely code")
+    k = getattr(args, "top_k", None)
+    if k is not None and k < 0:
+        bad("--top-k", k, ">= 0 (0 disables it)")
+    top_p = getattr(args, "top_p", None)
+    if top_p is not None and not 0.0 < top_p <= 1.0:
+        bad("--top-p", top_p, "in (0, 1]", "1.0 disables it")
+    r = getattr(args, "repetition_penalty", None)
+    if r is not None and not (r > 0 and math.isfinite(r)):
+        bad("--repetition-penalty", r, "> 0", "1.0 disables it")
+    m = getattr(args, "max_frames", None)
+    if m is not None and m < 1:
+        bad("--max-frames", m, ">= 1")
+    w = getattr(args, "window", None)
+    if w is not None and w < 1:
+        bad("--window", w, ">= 1 frame")
+
+
+def precheck_speak(args) -> None:
+    """What speak can check before the slow model load: the flags' values, then (from the model's config.json and
+    generation_config.json alone) the speaker, language and the options as `validate` will see them. A Hub model
+    that is not downloaded yet is checked after `load` pulls it, as before."""
+    check_sampling_flags(args)
+    check_backend(args)
+    from leapvox.engine.options import validate
+    from leapvox.models.checkpoint import generation_defaults, load_config
+    from leapvox.models.hub import NotCachedError, resolve_model_path
+
+    try:
+        folder = resolve_model_path(require_model(args), pull=False)
+    except NotCachedError:
+        return
+    cfg = load_config(folder)
+    defaults = generation_defaults(folder)
+    if cfg.leapvox_window:
+        defaults = replace(defaults, window=cfg.leapvox_window)
+    validate(speak_options(args, defaults), cfg)
 
 
 def speak_options(args, defaults):

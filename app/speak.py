@@ -7,10 +7,12 @@ bounded memory, so `-o` and `--play` of the same text and seed give the same sam
 from __future__ import annotations
 
 import argparse
+import errno
 import sys
 import time
 from pathlib import Path
 
+from leapvox.engine.errors import LeapvoxError
 from leapvox.engine.options import MODES
 
 from .common import (
@@ -19,6 +21,7 @@ from .common import (
     backend_args,
     load,
     model_args,
+    precheck_speak,
     quiet_or,
     read_text,
     require_model,
@@ -105,8 +108,46 @@ class Progress:
 def _check_output(args) -> None:
     if not args.output and not args.play:
         raise UsageError("no output given", hint="add -o out.wav, -o - for standard output, or --play")
-    if args.output and args.output != "-" and not Path(args.output).expanduser().parent.is_dir():
-        raise UsageError(f"cannot write {args.output}: its folder does not exist")
+    if args.output and args.output != "-":
+        target = Path(args.output).expanduser()
+        if not target.parent.is_dir():
+            raise UsageError(f"cannot write {args.output}: its folder does not exist")
+        if target.is_dir():
+            raise UsageError(f"cannot write {args.output}: it is a folder", hint="give a file name, e.g. out.wav")
+
+
+# errno name -> what to do about it, for an output that cannot be written
+_ELSEWHERE = "write somewhere else with -o"
+_WRITE_HINTS = {
+    getattr(errno, name, None): hint for name, hint in (
+        ("EROFS", f"the file system is read-only; {_ELSEWHERE}"),
+        ("EACCES", f"no permission to write there; {_ELSEWHERE}"),
+        ("EPERM", f"no permission to write there; {_ELSEWHERE}"),
+        ("ENOSPC", f"the disk is full; free some space or {_ELSEWHERE}"),
+        ("EDQUOT", f"the disk quota is used up; free some space or {_ELSEWHERE}"),
+        ("EFBIG", f"the file is too large for this file system; {_ELSEWHERE}"),
+    )
+}
+_WRITE_HINTS.pop(None, None)
+
+
+def write_error(args, e: OSError) -> LeapvoxError:
+    """An OSError of the output as one line with a hint (exit 1), instead of an internal error."""
+    dest = "standard output" if args.output == "-" else args.output
+    return LeapvoxError(f"cannot write {dest}: {e.strerror or e}", hint=_WRITE_HINTS.get(e.errno))
+
+
+def _open_writer(args):
+    """The WAV writer of -o, made before the model loads so that an output that cannot be written fails first."""
+    from leapvox.app.audio import WavWriter
+
+    if not args.output:
+        return None
+    out = sys.stdout.buffer if args.output == "-" else Path(args.output).expanduser()
+    try:
+        return WavWriter(out, None)
+    except OSError as e:
+        raise write_error(args, e) from None
 
 
 def _open_player(args, sample_rate: int):
@@ -121,26 +162,41 @@ def _open_player(args, sample_rate: int):
         return None
 
 
-def cmd_speak(args) -> int:
-    from leapvox.app.audio import WavWriter
+class _Output:
+    """Marks OSErrors of the writer as the output's (not, say, the model's files)."""
 
+    def __init__(self, args, writer):
+        self.args, self.writer = args, writer
+
+    def __call__(self, fn, *a):
+        try:
+            return fn(*a)
+        except BrokenPipeError:
+            raise
+        except OSError as e:  # cmd_speak aborts the writer: no temp file is left
+            raise write_error(self.args, e) from None
+
+
+def cmd_speak(args) -> int:
     text = read_text(args)
     _check_output(args)
-    model = load(args, pull=True, say=quiet_or(args))
-    opts = speak_options(args, model.defaults)
-    player = _open_player(args, model.sample_rate) if args.play else None
-    writer = None
-    if args.output:
-        out = sys.stdout.buffer if args.output == "-" else Path(args.output).expanduser()
-        writer = WavWriter(out, model.sample_rate)
-    codes, stats = [], None
-    progress = Progress(sys.stderr.isatty() and not args.quiet and player is None)
+    precheck_speak(args)  # a bad --temperature, --speaker or --language: one line now, not after the load
+    writer = _open_writer(args)
+    player, codes, stats = None, [], None
+    progress = Progress(False)
     try:
+        model = load(args, pull=True, say=quiet_or(args))
+        opts = speak_options(args, model.defaults)
+        player = _open_player(args, model.sample_rate) if args.play else None
+        progress = Progress(sys.stderr.isatty() and not args.quiet and player is None)
+        output = _Output(args, writer)
+        if writer is not None:
+            output(writer.start, model.sample_rate)
         for chunk in model.synthesizer().stream(text, opts):
             if player is not None:
                 player.feed(chunk.audio, chunk.stats.xrt, chunk.stats.est_remaining_s)
             if writer is not None:
-                writer.write(chunk.audio)
+                output(writer.write, chunk.audio)
             if args.codes:
                 codes.append(chunk.codes)
             stats = chunk.stats
@@ -150,7 +206,7 @@ def cmd_speak(args) -> int:
             player.end()
             player.wait()
         if writer is not None:
-            writer.close()
+            output(writer.close)
     except BaseException:
         progress.clear()
         if writer is not None:

@@ -74,7 +74,7 @@ def test_help_is_fast_path_and_exits_zero():
         (["speak", "Hi.", "-o", "{tmp}/x.wav", "--model", "{tmp}"], "not a Qwen3-TTS checkpoint"),
         (["speak", "Hi.", "--model", MODEL], "no output given"),
         (["speak", "Hi.", "-o", "{tmp}/no/such/dir/x.wav", "--model", MODEL], "folder does not exist"),
-        (["speak", "Hi.", "-o", "{tmp}/x.wav", "--model", MODEL, "--temperature", "0"], "temperature"),
+        (["speak", "Hi.", "-o", "{tmp}/x.wav", "--model", MODEL, "--temperature", "-1"], "temperature"),
         (["speak", "-o", "{tmp}/x.wav", "--model", MODEL], "no text given"),
         (["speakers", "--model", "{tmp}/nowhere"], "no model at"),
     ],
@@ -197,7 +197,7 @@ def test_demo_wer_mode_none_runs_only_the_predictor_diagnostic(tmp_path, capsys,
     import torch
 
     from leapvox.app.recipes import demo as demo_cmd
-    from leapvox.models.demo import quality
+    from leapvox.models.recipes.demo import quality
 
     code, out, err = run(capsys, "demo", "wer", "--data", str(tmp_path), "--what", "codec", "--mode", "none")
     assert code == 2 and "hint: --what predictor --mode none" in one_line_error(err)
