@@ -13,12 +13,18 @@ bit for bit in every weight format, with the same random draws in the same order
     halves of the weight's rows (torch.bmm hands one half to each thread; the result is bit-identical). bf16
     (oneDNN) and int8 (`_weight_int8pack_mm`) products use both threads already.
 
+Why a specialisation of transformer.DecoderLayer and not the module: speed. On the random-weight 0.6B predictor
+(2 threads) the 15-code loop takes 188.6 ms per frame in fp32 against 325.8 ms through the modules (int8: 95.1 vs
+109.6; tests/benchmarks/bench-0.6b-2t.txt). It reads the modules' own weight tensors (no copy), takes its RoPE
+tables from layers.py and attends with the same F.scaled_dot_product_attention; `predict_codes_reference` is the
+module path it is tested against.
+
 spec mode's verify calls run here too (`rows`: the root and draft-tree rows under a tree mask at depth positions,
 in slots after the committed prefix; `commit`: the accepted rows moved into place); their fp32 products over
 several rows take the same two-half split, equal to the module path's up to rounding (SPLIT_ROWS_MAX).
 
-Measured on the 2-core box (contended): `leapvox bench` reports the predictor call as a multiple of its
-memory-bandwidth floor for this loop and for the reference loop.
+Measured on the 2-core box (contended): the developer benchmark (`python -m tests.benchmarks.bench`) reports
+the predictor call as a multiple of its memory-bandwidth floor for this loop and for the reference loop.
 """
 
 from __future__ import annotations
@@ -74,7 +80,7 @@ def product(linear: nn.Module, split: bool, rows: bool = False) -> Product:
     2..SPLIT_ROWS_MAX rows take the same two-half bmm: faster, equal to the module's product up to rounding."""
     if isinstance(linear, Int8Linear):
         codes, scales = linear.codes, linear.scales
-        if linear.bias is not None:
+        if linear.bias is not None or not linear.kernel:  # no kernel for this shape: the layer's dequantize path
             return linear.forward
 
         def int8(x: torch.Tensor) -> torch.Tensor:

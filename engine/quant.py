@@ -17,6 +17,18 @@ Kernel (measured on a 2-core AVX-512 EPYC, torch 2.13, one 0.6B predictor layer'
 to 8 bits per tensor; with fp32 activations the int8pack kernel is 10-20x slower than with bf16.) So products
 over up to DEQUANT_ROWS rows use the int8pack kernel and bigger ones (spec verify calls over large trees,
 prefill) dequantize on the fly.
+
+Shapes the kernel gets wrong (measured, torch 2.13 CPU, each shape in its own forked process, bf16 x [M, K], int8
+w [N, K], bf16 scales [N]; M in 1,2,3,4,5,7,8,16,17, K in 4,8,12,16,17,20,24,32,33,40,48,56,64,72,80,96,100,112,
+128,144,160,1024,1032,2048, N in 1,3,8,13,16,...,128,1024):
+
+    K % 16 == 0 (16, 32, 48, 64, 80, 96, 112, 128, 144, 160, 1024, 2048)   correct for every M and N tried
+    K % 16 != 0, M >= 2  (e.g. x [2, 56], w [32, 56])                       SIGSEGV for almost every M and N
+    K % 16 != 0, M == 1  (K = 8, 20, 40, 56, 72, 1032)                      wrong results (or SIGSEGV at N = 3)
+
+The output width N does not matter once K is a multiple of 16. Rule: the kernel is used only when the layer's
+in_features K is a multiple of INT8PACK_K_MULTIPLE (decided once, when the layer is built: `kernel_ok`); other
+layers always take the dequantize path. The checkpoints' widths (1024, 2048, 3072, ...) all take the kernel.
 """
 
 from __future__ import annotations
@@ -28,6 +40,12 @@ from torch import nn
 WEIGHT_FORMATS = ("fp32", "bf16", "int8")
 DEQUANT_ROWS = 16  # above this many rows, dequantize-then-matmul beats the int8pack kernel (table above)
 ACT_DTYPE = torch.bfloat16  # the kernel's activation dtype (it is slow with fp32 activations)
+INT8PACK_K_MULTIPLE = 16  # the kernel crashes or miscomputes unless in_features is a multiple of this (see above)
+
+
+def kernel_ok(in_features: int) -> bool:
+    """Whether `aten._weight_int8pack_mm` handles weights of this many input features (measured rule above)."""
+    return in_features % INT8PACK_K_MULTIPLE == 0
 
 
 def quantize_weight(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -56,6 +74,7 @@ class Int8Linear(nn.Module):
         self.register_buffer("codes", codes)
         self.register_buffer("scales", scales)
         self.register_buffer("bias", None if bias is None else bias.detach().clone())
+        self.kernel = kernel_ok(self.in_features)  # False: every product dequantizes (the kernel would crash)
 
     @classmethod
     def from_linear(cls, linear: nn.Linear) -> Int8Linear:
@@ -65,7 +84,7 @@ class Int8Linear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
         x2 = x.reshape(-1, shape[-1]).to(ACT_DTYPE)
-        if x2.shape[0] <= DEQUANT_ROWS:
+        if self.kernel and x2.shape[0] <= DEQUANT_ROWS:
             y = torch.ops.aten._weight_int8pack_mm(x2, self.codes, self.scales)
         else:
             y = F.linear(x2, self.codes.to(ACT_DTYPE) * self.scales[:, None])

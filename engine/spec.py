@@ -19,6 +19,7 @@ drafts and accepts a child iff it is the target's argmax, so greedy spec == gree
 from __future__ import annotations
 
 import functools
+import operator
 from dataclasses import dataclass, field
 
 import torch
@@ -30,19 +31,36 @@ from .sampling import SamplingParams, temperature_top_k_top_p
 
 @dataclass(frozen=True)
 class DraftTree:
-    """Node 0 is the root (the token just sampled). Node i > 0: parent[i] < i, depth[i] >= 1, rank[i] = which
-    draft candidate of its depth it carries. Nodes are ordered by depth."""
+    """Node 0 is the root (the token just sampled). Node i > 0: parent[i] < i, depth[i] = depth[parent[i]] + 1,
+    rank[i] = which draft candidate of its depth it carries. Nodes are ordered by depth, and the children of every
+    node carry ranks 0..m-1 (the walk treats them as the first m draws without replacement). A tree that breaks
+    these rules raises ValueError when built (`from_paths` renumbers rank gaps instead)."""
 
     parent: tuple[int, ...] = (-1,)
     depth: tuple[int, ...] = (0,)
     rank: tuple[int, ...] = (0,)
 
+    def __post_init__(self):
+        problem = tree_problem(self.parent, self.depth, self.rank)
+        if problem:
+            raise ValueError(f"bad draft tree: {problem}")
+
     @classmethod
     def from_paths(cls, paths) -> DraftTree:
-        """Build from rank paths such as [(0,), (1,), (0, 0)]; every prefix of a path becomes a node too."""
+        """Build from rank paths such as [(0,), (1,), (0, 0)]; every prefix of a path becomes a node too.
+
+        The walk tries a node's m children as the first m draws (without replacement) of their depth, so their
+        ranks must be 0..m-1. Siblings that skip a rank are renumbered in order (children ranked {0, 1, 3} become
+        0, 1, 2; their subtrees move with them): same shape, same node order, a tree the walk treats losslessly.
+        Code that reads a stored tree should refuse a gap instead (`rank_gap`)."""
         nodes = {()}
         for path in paths:
-            nodes.update(tuple(path[:i]) for i in range(1, len(path) + 1))
+            path = tuple(operator.index(r) for r in path)  # TypeError for a non-integer rank
+            if any(r < 0 for r in path):
+                raise ValueError(f"bad draft tree: path {path} holds a negative rank")
+            nodes.update(path[:i] for i in range(1, len(path) + 1))
+        if rank_gap(nodes):
+            nodes = _renumbered(nodes)
         order = sorted(nodes, key=lambda p: (len(p), p))
         index = {p: i for i, p in enumerate(order)}
         return cls(
@@ -86,6 +104,55 @@ class DraftTree:
     def ancestor_mask(self) -> torch.Tensor:
         """[n, n] bool: row i may attend to column j iff j is i or one of its ancestors."""
         return _ancestor_mask(self).clone()
+
+
+def rank_gap(paths) -> str | None:
+    """None when, under every node, the children's ranks are exactly 0..m-1; else what is wrong. A child whose
+    lower-ranked sibling is missing would be tried as if it were an earlier draw than it is: spec's acceptance
+    rule would no longer keep ar's distribution."""
+    nodes = {tuple(p) for p in paths} | {()}
+    nodes |= {p[:i] for p in list(nodes) for i in range(len(p))}
+    kids: dict[tuple[int, ...], list[int]] = {}
+    for p in nodes:
+        if p:
+            kids.setdefault(p[:-1], []).append(p[-1])
+    for parent, ranks in sorted(kids.items()):
+        if sorted(ranks) != list(range(len(ranks))):
+            missing = min(set(range(max(ranks) + 1)) - set(ranks))
+            return (f"the children of node {parent} carry ranks {sorted(ranks)} but not {missing} "
+                    f"(siblings must carry ranks 0..m-1)")
+    return None
+
+
+def _renumbered(nodes: set[tuple[int, ...]]) -> set[tuple[int, ...]]:
+    """The same prefix-closed path set with each node's children renumbered 0..m-1 in their rank order."""
+    new = {(): ()}
+    for p in sorted(nodes, key=lambda p: (len(p), p)):
+        if p:
+            siblings = sorted(q[-1] for q in nodes if len(q) == len(p) and q[:-1] == p[:-1])
+            new[p] = new[p[:-1]] + (siblings.index(p[-1]),)
+    return set(new.values())
+
+
+def tree_problem(parent, depth, rank) -> str | None:
+    """None for a well-formed tree given as parent/depth/rank tuples, else what is wrong."""
+    n = len(parent)
+    if not (n == len(depth) == len(rank)) or n == 0:
+        return "parent, depth and rank must have one entry per node, the root first"
+    if parent[0] != -1 or depth[0] != 0 or rank[0] != 0:
+        return "node 0 must be the root (parent -1, depth 0, rank 0)"
+    paths: list[tuple[int, ...]] = [()]
+    for i in range(1, n):
+        if not 0 <= parent[i] < i:
+            return f"node {i} has parent {parent[i]}; parents come before their children"
+        if depth[i] != depth[parent[i]] + 1 or depth[i] < depth[i - 1]:
+            return f"node {i} has depth {depth[i]}; depth is the parent's + 1 and nodes are ordered by depth"
+        if rank[i] < 0:
+            return f"node {i} has rank {rank[i]}"
+        paths.append(paths[parent[i]] + (rank[i],))
+    if len(set(paths)) < n:
+        return "two siblings carry the same rank"
+    return rank_gap(paths)
 
 
 @functools.cache
@@ -284,10 +351,13 @@ def _verify_and_walk(loop: PredictorLoop, tree, offsets, stats, k, tok, h, param
     n = len(loop.heads)
     widths = tree.widths() if tree.size else []
     tokens, qs = draft(loop.heads, h, k, widths, offsets, params, generator)
-    # a sampled depth may have fewer candidates than the tree asks for (tiny support): drop those nodes
-    keep = [i for i in range(len(tree.parent)) if i == 0 or tree.rank[i] < len(tokens[tree.depth[i] - 1])]
-    if len(keep) < len(tree.parent):
-        tree = DraftTree.from_paths(p for i, p in enumerate(tree.paths()) if i in keep and p)
+    # a depth may have fewer candidates than the tree asks for (tiny support after top-k / top-p): drop the nodes
+    # whose own rank is out of range AND their descendants (every rank on a node's path must be in range)
+    live = [True]
+    for i in range(1, len(tree.parent)):
+        live.append(live[tree.parent[i]] and tree.rank[i] < len(tokens[tree.depth[i] - 1]))
+    if not all(live):
+        tree = DraftTree.from_paths(p for i, p in enumerate(tree.paths()) if live[i] and p)
     node_tok = [tok] + [int(tokens[d - 1][r]) for d, r in zip(tree.depth[1:], tree.rank[1:], strict=True)]
     # node i carries code k + depth; its input row is that code's table (code g: table g - 1), then the projection
     rows = torch.cat([loop.tables[k + d - 1][t : t + 1] for t, d in zip(node_tok, tree.depth, strict=True)])

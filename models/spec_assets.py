@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 
 from leapvox.engine.errors import CheckpointError
-from leapvox.engine.spec import DraftTree, default_tree
+from leapvox.engine.spec import DraftTree, default_tree, rank_gap
 
 from .paths import leapvox_dirs, model_key
 
@@ -76,7 +76,11 @@ def load_tree(folder: Path, backend: str = "cpu", device: str = "cpu",
     if not path.is_file():
         return default_tree(3 if offsets is None else max(1, min(offsets.shape[-2], 14))), None
     try:
-        paths = json.loads(path.read_text())["paths"]
-        return DraftTree.from_paths(tuple(p) for p in paths), path
+        paths = [tuple(p) for p in json.loads(path.read_text())["paths"]]
+        gap = rank_gap(paths)  # from_paths would renumber it; a stored tree that skips a rank was not calibrated
+        if gap is None:
+            return DraftTree.from_paths(paths), path
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise CheckpointError(f"calibrated tree {path} is damaged: {e}", hint="delete it and recalibrate") from None
+    raise CheckpointError(f"calibrated tree {path} is not a valid draft tree: {gap}",
+                          hint="spec mode would lose ar's distribution with it; delete it and recalibrate")

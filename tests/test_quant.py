@@ -100,8 +100,8 @@ def test_int8_logits_stay_close_to_fp32(tiny_model):
 
 @pytest.mark.parametrize("ckpt", ["tiny-0b6", "tiny-1b7"])
 def test_int8_code_agreement_with_fp32(ckpt):
-    from leapvox.models.bench import code_agreement
     from leapvox.models.load import load_model
+    from tests.benchmarks.bench import code_agreement
 
     ref, q = load_model(FIXTURES / ckpt), load_model(FIXTURES / ckpt, weights="int8")
     assert q.weights == "int8" and ref.weights == "fp32"
