@@ -16,21 +16,12 @@ import sys
 import time
 from pathlib import Path
 
+from leapvox.app.common import version
+
 # Weights of a checkpoint at most this big are loaded for real by the doctor (the demo model is a few MB).
 LOAD_CHECK_MAX_BYTES = 64_000_000
 # The quick probe: one batch-1 matrix-vector product of this shape, like a decoding step of a 0.6B layer.
 PROBE_SHAPE = (1024, 3072)
-
-
-def version() -> str:
-    """leapvox's version from the installed package metadata ("unknown" when run from a bare source tree)."""
-    from importlib.metadata import PackageNotFoundError
-    from importlib.metadata import version as dist_version
-
-    try:
-        return dist_version("leapvox")
-    except PackageNotFoundError:
-        return "unknown (not installed)"
 
 
 def add_commands(sub) -> None:
@@ -85,42 +76,72 @@ def weight_formats() -> list[str]:
     return formats()
 
 
-def probe_formats(formats: list[str], budget_s: float = 0.06) -> dict:
-    """A quick probe, not a benchmark: the median time of a batch-1 matrix-vector product per format."""
-    import torch
+def _probe_step(fmt: str, x, w):
+    """A no-argument callable doing the probe's product the way `--weights fmt` computes a linear layer, or None
+    for a format the doctor does not know how to run."""
     import torch.nn.functional as F
 
     from leapvox.models.checkpoint import DTYPES
 
+    if fmt in DTYPES:
+        xd, wd = x.to(DTYPES[fmt]), w.to(DTYPES[fmt])
+        return lambda: F.linear(xd, wd)
+    if fmt == "int8":  # the layer `--weights int8` puts in the model, on the activations an int8 model passes it
+        from leapvox.engine.quant import Int8Linear, quantize_weight
+
+        layer = Int8Linear(*quantize_weight(w))
+        return lambda: layer(x)
+    return None
+
+
+def probe_formats(formats: list[str], budget_s: float = 0.06) -> dict:
+    """A quick probe, not a benchmark: the median time of a batch-1 matrix-vector product per format (int8: through
+    engine.quant's Int8Linear, as a loaded int8 model computes it). A format that cannot run here gets no time and
+    a reason under "not_probed"."""
+    import torch
+
+    from leapvox.app.common import DEFAULT_WEIGHTS
+
     n_in, n_out = PROBE_SHAPE
     times: dict[str, float | None] = {}
+    not_probed: dict[str, str] = {}
     g = torch.Generator().manual_seed(0)
+    x = torch.randn(1, n_in, generator=g)
+    w = torch.randn(n_out, n_in, generator=g)
     for fmt in formats:
-        dtype = DTYPES.get(fmt)
-        if dtype is None:  # a format without a plain torch dtype (quantised): not probed here
-            times[fmt] = None
-            continue
-        x = torch.randn(1, n_in, generator=g).to(dtype)
-        w = torch.randn(n_out, n_in, generator=g).to(dtype)
+        times[fmt] = None
         with torch.inference_mode():
-            F.linear(x, w)  # warm-up
+            try:
+                step = _probe_step(fmt, x, w)
+                if step is None:
+                    not_probed[fmt] = "the doctor has no probe for this format"
+                    continue
+                step()  # warm-up; also where a kernel this torch lacks fails
+            except Exception as e:
+                first = (str(e).strip().splitlines() or [""])[0]
+                not_probed[fmt] = f"{type(e).__name__}: {first}" if first else type(e).__name__
+                continue
             samples = []
             for _ in range(5):
                 reps, t0 = 0, time.perf_counter()
                 while (elapsed := time.perf_counter() - t0) < budget_s / 5:
-                    F.linear(x, w)
+                    step()
                     reps += 1
                 samples.append(elapsed / reps)
         times[fmt] = sorted(samples)[len(samples) // 2]
     timed = {k: v for k, v in times.items() if v is not None}
     fastest = min(timed, key=timed.get) if timed else None
-    return {
+    out = {
         "shape": f"1x{n_in} @ {n_in}x{n_out}",
         "ms": {k: (round(v * 1e3, 4) if v is not None else None) for k, v in times.items()},
         "fastest": fastest,
         # formats within 10% of the fastest: too close for a quick probe to call
         "close": [k for k, v in timed.items() if k != fastest and v <= 1.1 * timed[fastest]],
+        "default": DEFAULT_WEIGHTS,  # what --weights uses when not given
     }
+    if not_probed:
+        out["not_probed"] = not_probed
+    return out
 
 
 def backends() -> dict:
@@ -234,10 +255,17 @@ def models() -> list[dict]:
             elif not spec.on_hub and state == "bundled":
                 row["present"] = True
                 row["bytes"] = folder_size(entry.bundled)
+                from leapvox.models.catalog import check_bundled, read_bundled_manifest
                 from leapvox.models.checkpoint import load_config
 
                 load_config(entry.bundled)
-                row["verified"] = True
+                recorded = read_bundled_manifest(entry.bundled)  # a bundled model's hashes (MANIFEST.json)
+                problems = check_bundled(entry.bundled, recorded) if recorded is not None else {}
+                row["verified"] = not problems
+                if problems:
+                    name, problem = next(iter(problems.items()))
+                    row["problem"] = f"{name}: {problem}" + (f" (+{len(problems) - 1} more)" if len(problems) > 1
+                                                             else "")
         except LeapvoxError as e:
             row.update(verified=False, problem=str(e))
         out.append(row)
@@ -359,9 +387,12 @@ def render(r: dict) -> str:
         f"{t['usable_cpus']} of {t['cpus']} CPUs usable{env}")
     f = r["formats"]
     p = f["probe"]
-    timings = ", ".join(f"{k} {ms:.3f} ms" if ms is not None else f"{k} not probed" for k, ms in p["ms"].items())
+    why = p.get("not_probed", {})
+    timings = ", ".join(f"{k} {ms:.3f} ms" if ms is not None else f"{k} not probed ({why.get(k, '?')})"
+                        for k, ms in p["ms"].items())
     close = f" ({', '.join(p['close'])} within 10%)" if p["close"] else ""
-    row("formats", f"{', '.join(f['available'])}; fastest here: {p['fastest'] or '?'}{close}")
+    default = f" (default {p['default']})" if p.get("default") else ""
+    row("formats", f"{', '.join(f['available'])}{default}; fastest here: {p['fastest'] or '?'}{close}")
     more(f"(a quick probe, not a benchmark: {p['shape']} per call: {timings})")
     block("backends", [f"{name:<7} {'ready' if b['ready'] else 'no'}: {b['detail']}"
                        for name, b in r["backends"].items()])

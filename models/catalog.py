@@ -171,3 +171,87 @@ def human_size(n: int | None, exact: bool = True) -> str:
         if n >= scale:
             return f"{'' if exact else '~'}{n / scale:.{1 if unit != 'GB' else 2}f} {unit}"
     return f"{n} B"
+
+
+# ---- bundled models: their files and the hashes recorded for them ------------------------------------------------
+# A bundled model has no Hub to report hashes, so its folder carries MANIFEST.json: the size and sha256 of every file
+# of the model (all files but the model card and the manifest itself). tests/test_models_local.py fails when the
+# manifest no longer matches the files; regenerate it with
+#   python3 -c "from leapvox.models.catalog import write_bundled_manifest; write_bundled_manifest()"
+
+BUNDLED_MANIFEST = "MANIFEST.json"
+NOT_MODEL_FILES = ("README.md", BUNDLED_MANIFEST)
+
+
+def bundled_files(folder: Path) -> list[str]:
+    """The model's files under a bundled folder, as sorted posix paths relative to it (hidden files skipped)."""
+    names = []
+    for p in folder.rglob("*"):
+        rel = p.relative_to(folder).as_posix()
+        hidden = any(part.startswith(".") or part == "__pycache__" for part in rel.split("/"))
+        if p.is_file() and p.name not in NOT_MODEL_FILES and not hidden:
+            names.append(rel)
+    return sorted(names)
+
+
+def sha256_of(path: Path) -> str:
+    import hashlib
+
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def bundled_manifest(folder: Path) -> dict:
+    """The manifest of a bundled folder as its files are now: {"files": {name: {"size", "sha256"}}}."""
+    return {"files": {name: {"size": (folder / name).stat().st_size, "sha256": sha256_of(folder / name)}
+                      for name in bundled_files(folder)}}
+
+
+def write_bundled_manifest(folder: Path = DEMO_DIR) -> Path:
+    import json
+
+    path = folder / BUNDLED_MANIFEST
+    path.write_text(json.dumps(bundled_manifest(folder), indent=1, sort_keys=True) + "\n", encoding="utf-8")
+    return path
+
+
+def read_bundled_manifest(folder: Path) -> dict | None:
+    """The recorded manifest of a bundled folder, or None when it has none (or an unreadable one)."""
+    import json
+
+    try:
+        m = json.loads((folder / BUNDLED_MANIFEST).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return m if isinstance(m, dict) and isinstance(m.get("files"), dict) else None
+
+
+def check_bundled(folder: Path, m: dict) -> dict[str, str]:
+    """{file: problem} for every recorded file that is missing, of another size or another sha256, and for every
+    model file on disk that the manifest does not list."""
+    problems = {}
+    for name, record in sorted(m["files"].items()):
+        path = folder / name
+        if not path.is_file():
+            problems[name] = "missing"
+        elif (size := path.stat().st_size) != record.get("size"):
+            problems[name] = f"{size} bytes, {record.get('size')} recorded"
+        elif sha256_of(path) != record.get("sha256"):
+            problems[name] = "sha256 differs from the recorded one"
+    for name in bundled_files(folder):
+        if name not in m["files"]:
+            problems[name] = f"not in {BUNDLED_MANIFEST}"
+    return problems
+
+
+def bundled_size(entry: CatalogEntry) -> int | None:
+    """Bytes of a bundled model: the recorded sizes of its files, else the sizes of its files on disk now."""
+    if not bundled_ready(entry):
+        return None
+    m = read_bundled_manifest(entry.bundled)
+    if m is not None:
+        return sum(int(r.get("size") or 0) for r in m["files"].values())
+    return sum((entry.bundled / n).stat().st_size for n in bundled_files(entry.bundled))

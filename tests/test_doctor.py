@@ -5,6 +5,7 @@ cannot provide them; the tiny reference checkpoint stands in for a real model.""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import sys
 from dataclasses import replace
@@ -128,8 +129,8 @@ def test_json_report(capsys, monkeypatch):
 
 
 def test_unknown_formats_are_listed_but_not_probed():
-    p = doctor_cmd.probe_formats(["fp32", "int8"])
-    assert p["ms"]["int8"] is None and p["fastest"] == "fp32" and p["close"] == []
+    p = doctor_cmd.probe_formats(["fp32", "int4"])
+    assert p["ms"]["int4"] is None and p["fastest"] == "fp32" and p["close"] == []
 
 
 def test_espeak_ng_missing_for_a_model_that_needs_it(capsys, monkeypatch, tmp_path):
@@ -209,3 +210,48 @@ def test_cached_models_are_verified_and_damage_is_reported(capsys, monkeypatch, 
     assert "qwen3-tts-1.7b  downloaded, FAILS verification: vocab.json: sha256 differs" in out
     # no default model, but an intact downloaded one: speak works with --model
     assert code == 0 and "ready: model qwen3-tts-0.6b from present here" in line(out, "speak")
+
+
+def test_every_weight_format_is_probed_including_the_int8_default(capsys, monkeypatch):
+    from leapvox.app.common import DEFAULT_WEIGHTS
+
+    p = doctor_cmd.probe_formats(doctor_cmd.weight_formats())
+    assert DEFAULT_WEIGHTS == "int8" and set(p["ms"]) == {"fp32", "bf16", "int8"}
+    assert all(ms is not None and ms > 0 for ms in p["ms"].values()), p
+    assert p["fastest"] in p["ms"]
+    monkeypatch.setattr(playback, "load_sounddevice", _no_portaudio)
+    code, out, _ = doctor(capsys, "--json", "--model", TINY)
+    probe = json.loads(out)["formats"]["probe"]
+    assert probe["ms"]["int8"] > 0 and probe["default"] == "int8"
+    code, out, _ = doctor(capsys, "--model", TINY)
+    formats = out[out.index("formats"): out.index("backends")]
+    assert "not probed" not in formats and "default int8" in formats
+    assert re.search(r"int8 \d+\.\d{3} ms", formats), formats
+
+
+def test_a_format_without_a_probe_is_listed_with_the_reason(capsys):
+    p = doctor_cmd.probe_formats(["fp32", "int4"])
+    assert p["ms"]["int4"] is None and p["fastest"] == "fp32" and "int4" in p["not_probed"]
+    report = {"versions": doctor_cmd.versions(), "threads": doctor_cmd.threads(),
+              "formats": {"available": ["fp32", "int4"], "probe": p}, "backends": {}, "audio": doctor_cmd.audio(),
+              "paths": {}, "models": [{"name": "x", "present": False}], "espeak_ng": {"path": None},
+              "speak": {"ready": False, "reason": "r"}}
+    assert "int4 not probed (the doctor has no probe for this format)" in doctor_cmd.render(report)
+
+
+@pytest.mark.skipif(not bundled_ready(CATALOG["demo"]), reason="no bundled demo model (models/assets/demo/)")
+def test_the_bundled_demo_is_checked_against_its_recorded_hashes(capsys, monkeypatch, tmp_path):
+    from leapvox.models.catalog import DEMO_DIR
+
+    demo = tmp_path / "assets" / "demo"
+    shutil.copytree(DEMO_DIR, demo)  # MANIFEST.json included
+    monkeypatch.setitem(CATALOG, "demo", replace(CATALOG["demo"], bundled=demo))
+    monkeypatch.setattr(playback, "load_sounddevice", _no_portaudio)
+    rows = {m["name"]: m for m in json.loads(doctor(capsys, "--json", "--model", TINY)[1])["models"]}
+    assert rows["demo"]["verified"] is True
+    data = bytearray((demo / "vocab.json").read_bytes())
+    data[-2] ^= 0x01
+    (demo / "vocab.json").write_bytes(bytes(data))
+    rows = {m["name"]: m for m in json.loads(doctor(capsys, "--json", "--model", TINY)[1])["models"]}
+    assert rows["demo"]["verified"] is False
+    assert rows["demo"]["problem"] == "vocab.json: sha256 differs from the recorded one"
