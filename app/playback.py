@@ -9,6 +9,8 @@ is opened, so everything here works (and is tested) with an injected fake stream
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -25,6 +27,40 @@ class AudioUnavailable(LeapvoxError):
     """No audio output here: PortAudio missing, no output device, or the device refused the stream."""
 
 
+# libasound (ALSA, under PortAudio on Linux) prints its errors straight to fd 2 unless given a handler, among them
+# "ALSA lib pcm.c:...:(snd_pcm_recover) underrun occurred" mid-playback; the player counts underruns itself (PortAudio
+# reports them to its callback), so the handler drops these lines and counts them in ALSA_MESSAGES.
+_ALSA_HANDLER_TYPE = ctypes.CFUNCTYPE(
+    None, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p
+)
+_alsa_handler = None  # kept referenced: libasound calls it for as long as the process runs
+ALSA_MESSAGES = {"count": 0}
+
+
+def _on_alsa_message(file, line, function, err, fmt) -> None:  # variadic in C; the format's arguments are ignored
+    ALSA_MESSAGES["count"] += 1
+
+
+def quiet_alsa() -> bool:
+    """Install the handler above in libasound, once; False where there is no libasound (not Linux, no ALSA)."""
+    global _alsa_handler
+    if _alsa_handler is not None:
+        return True
+    name = ctypes.util.find_library("asound")
+    try:
+        lib = ctypes.CDLL(name or "libasound.so.2")  # the copy PortAudio uses: one per process
+        set_handler = lib.snd_lib_error_set_handler
+    except (OSError, AttributeError):
+        return False
+    handler = _ALSA_HANDLER_TYPE(_on_alsa_message)
+    set_handler.argtypes = [_ALSA_HANDLER_TYPE]
+    set_handler.restype = ctypes.c_int
+    if set_handler(handler) != 0:
+        return False
+    _alsa_handler = handler
+    return True
+
+
 def load_sounddevice():
     """The sounddevice module, or AudioUnavailable with a hint when PortAudio is missing."""
     try:
@@ -34,6 +70,7 @@ def load_sounddevice():
             "no audio output: the PortAudio library is not installed",
             hint="install libportaudio2 (Debian/Ubuntu) or portaudio (Homebrew); -o out.wav works without it",
         ) from None
+    quiet_alsa()
     return sounddevice
 
 
@@ -135,7 +172,7 @@ class RingBuffer:
 
 @dataclass(frozen=True)
 class PlaybackStats:
-    underruns: int  # times the buffer ran dry while synthesis was still going
+    underruns: int  # times the buffer ran dry while synthesis was still going, or the device did
     prebuffer_s: float  # the current pre-buffer target
     buffered_s: float  # audio waiting in the ring
     played_s: float
@@ -228,6 +265,8 @@ class Player:
     def _callback(self, outdata, frames, time_info, status) -> None:
         out = outdata[:, 0]
         ring = self._ring
+        if getattr(status, "output_underflow", False):  # the device itself ran dry (ALSA's "underrun occurred")
+            self.underruns += 1
         if self._ended and ring.available == 0:
             out[:] = 0
             self._flush(frames)

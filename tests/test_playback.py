@@ -210,3 +210,47 @@ def test_devices_command_without_devices(monkeypatch, capsys):
     monkeypatch.setattr(playback, "output_devices", lambda: [])
     assert main(["devices"]) == 1
     assert "no audio output devices" in capsys.readouterr().err
+
+
+def test_device_underflows_count_as_underruns():
+    player, stream = make_player()
+    player.feed(signal(1.0), xrt=5.0, remaining_s=0.0)
+
+    class Status:
+        output_underflow = True
+
+    out = np.zeros((BLOCK, 1), np.float32)
+    stream.callback(out, BLOCK, None, Status())  # PortAudio says the device ran dry before this block
+    stream.callback(out, BLOCK, None, None)
+    assert player.stats.underruns == 1
+
+
+ALSA_CHILD = """
+import ctypes, ctypes.util, sys
+lib = ctypes.CDLL(ctypes.util.find_library("asound") or "libasound.so.2")
+if sys.argv[1] == "quiet":
+    from leapvox.app import playback
+    assert playback.quiet_alsa()
+pcm = ctypes.c_void_p()
+print(lib.snd_pcm_open(ctypes.byref(pcm), b"leapvox_no_such_pcm", 0, 0))  # an error libasound reports on fd 2
+sys.stderr.write("leapvox: still here\\n")
+if sys.argv[1] == "quiet":
+    print(playback.ALSA_MESSAGES["count"])
+"""
+
+
+def test_alsa_messages_do_not_reach_stderr():
+    import ctypes.util
+    import subprocess
+    import sys
+
+    if not ctypes.util.find_library("asound"):
+        pytest.skip("no libasound here (not Linux, or ALSA not installed)")
+    def run(mode):
+        return subprocess.run([sys.executable, "-c", ALSA_CHILD, mode], capture_output=True, text=True)
+
+    loud, quiet = run("loud"), run("quiet")
+    assert loud.returncode == 0 and "ALSA lib" in loud.stderr  # what leaks without the handler
+    assert quiet.returncode == 0, quiet.stderr
+    assert "ALSA lib" not in quiet.stderr and "leapvox: still here" in quiet.stderr  # ours still gets through
+    assert int(quiet.stdout.split()[-1]) >= 1  # the message reached the handler

@@ -164,3 +164,24 @@ def test_stop_mid_utterance_then_switch_voice(tmp_path):
 
 def test_without_audio_device_shows_a_notice(tmp_path, monkeypatch):
     asyncio.run(_without_audio_device_shows_a_notice(tmp_path, monkeypatch))
+
+
+async def _every_mode_fits_its_select(tmp_path):
+    app = make_app(tmp_path, max_frames=2)
+    async with app.run_test(size=SIZE) as pilot:
+        await until(pilot, lambda: not app.query_one("#speak", Button).disabled)
+        select, bar = app.query_one("#mode", Select), app.query_one("#voice")
+        for mode in MODES:
+            select.value = mode
+            await pilot.pause()
+            label = select.query_one("SelectCurrent #label")
+            assert str(label.render()) == mode
+            assert label.size.height == 1 and label.content_region.width >= len(mode), (mode, label.size)
+        assert select.size.height == 3  # no second line of label inside the border
+        assert bar.region.contains_region(app.query_one("#backend", Select).region)  # the row still fits
+        lines = app.export_screenshot().replace("&#160;", " ")
+    assert "windowed" in lines
+
+
+def test_every_mode_fits_its_select(tmp_path):
+    asyncio.run(_every_mode_fits_its_select(tmp_path))

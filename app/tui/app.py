@@ -26,6 +26,7 @@ from leapvox.engine.options import MODES
 from .history import History
 from .messages import ModelFailed, ModelReady, SpeechFinished, SpeechProgress
 from .model_info import ModelInfo
+from .palette import Palette
 from .readout import Readout
 from .utterance import Utterance
 from .voice_bar import VoiceBar
@@ -83,6 +84,11 @@ class LeapvoxApp(App):
             yield History(id="history")
         yield Footer()
 
+    def action_command_palette(self) -> None:
+        """Ctrl+P: Textual's palette, made safe against keys that arrive while it closes (see palette.py)."""
+        if self.use_command_palette and not Palette.is_open(self):
+            self.push_screen(Palette(id="--command-palette"))
+
     def on_mount(self) -> None:
         info = self.query_one(ModelInfo)
         info.path = str(self.model_path or getattr(self.model, "path", "") or "")
@@ -133,6 +139,8 @@ class LeapvoxApp(App):
             pass
 
     def on_model_ready(self, msg: ModelReady) -> None:
+        if not self.is_running:  # quitting: the worker's late messages find the widgets gone
+            return
         self.model = msg.model
         self.options = self.options or self.model.defaults
         info = self.query_one(ModelInfo)
@@ -141,6 +149,8 @@ class LeapvoxApp(App):
         self.query_one("#speak", Button).disabled = False
 
     def on_model_failed(self, msg: ModelFailed) -> None:
+        if not self.is_running:  # quitting: the worker's late messages find the widgets gone
+            return
         self.query_one(ModelInfo).state = "failed"
         self.notify(msg.error, title="cannot load the model", severity="error", timeout=30)
 
@@ -244,10 +254,14 @@ class LeapvoxApp(App):
             self.model, self.backend = replace(self.model, backend=ane), backend
 
     def on_speech_progress(self, msg: SpeechProgress) -> None:
+        if not self.is_running:  # quitting: the worker's late messages find the widgets gone
+            return
         readout = self.query_one(Readout)
         readout.stats, readout.playback = msg.stats, msg.playback
 
     def on_speech_finished(self, msg: SpeechFinished) -> None:
+        if not self.is_running:  # quitting: the worker's late messages find the widgets gone
+            return
         self._set_busy(False)
         if msg.error:
             self.notify(msg.error, title="synthesis failed", severity="error", timeout=15)
@@ -262,6 +276,8 @@ class LeapvoxApp(App):
             self.notify(w, severity="warning")
 
     def on_history_save_requested(self, msg: History.SaveRequested) -> None:
+        if not self.is_running:  # quitting: the worker's late messages find the widgets gone
+            return
         from leapvox.app.audio import write_wav
 
         u = msg.utterance
