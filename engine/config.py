@@ -95,6 +95,8 @@ class TTSConfig:
     tts_model_type: str = "custom_voice"
     tokenizer_type: str = "qwen3_tts_tokenizer_12hz"
     leapvox_window: int | None = None  # set by `leapvox train-window`: the talker was adapted to this window
+    # runaway guard: frames allowed per text token for this model (options.guard_frames; None: the Qwen default)
+    leapvox_guard_frames_per_token: float | None = None
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> TTSConfig:

@@ -54,9 +54,11 @@ class SamplingParams:
     top_p: float = 1.0
 
 
-def guard_frames(n_text_tokens: int) -> int:
-    """Frame cap derived from the text length (see GUARD_* above)."""
-    return GUARD_BASE_FRAMES + GUARD_FRAMES_PER_TOKEN * n_text_tokens
+def guard_frames(n_text_tokens: int, per_token: float | None = None) -> int:
+    """Frame cap derived from the text length (see GUARD_* above); `per_token` is the model's own rate when its
+    config.json sets one (`leapvox_guard_frames_per_token`: its text tokens are not Qwen's BPE tokens)."""
+    rate = GUARD_FRAMES_PER_TOKEN if per_token is None else per_token
+    return GUARD_BASE_FRAMES + math.ceil(rate * n_text_tokens)
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,7 @@ from .prompt import Prompt, build_prompt, wrap_instruct, wrap_text
 from .spec import DraftPlan
 from .streaming import CROSSFADE_S, FIRST_CHUNK_FRAMES, MAX_CHUNK_FRAMES, Joiner, SpeechChunk, StreamStats, Tally
 from .talker import Talker, TTSModel
-from .text import split_sentences
+from .text import split_sentences, uncovered_script
 
 
 @dataclass
@@ -154,7 +154,8 @@ class Synthesizer:
         talker = self.tts.talker
         prompt = build_prompt(talker, self.cfg, ids, opts.speaker, opts.language, opts.text_layout, instruct_ids)
         cap = opts.max_frames
-        guard = guard_frames(prompt.n_text_tokens) if opts.runaway_guard else cap
+        per_token = self.cfg.leapvox_guard_frames_per_token
+        guard = guard_frames(prompt.n_text_tokens, per_token) if opts.runaway_guard else cap
         sampling = any((opts.talker.do_sample, opts.predictor.do_sample))
         gen = (generator or make_generator(opts.seed)) if sampling else None
         self._mode_warnings(opts, warnings)
@@ -205,6 +206,12 @@ class Synthesizer:
             raise InputError("the text is empty", hint="give some words to speak")
         sr = self.sample_rate
         tally = Tally(opts.mode, sentences, codes_per_frame=self.cfg.talker.num_code_groups - 1)
+        script = uncovered_script(text, self.cfg.languages)
+        if script:
+            name = {"CJK": "Han (CJK)"}.get(script, script.title())
+            tally.warnings.append(f"the text is mostly in {name} script, which this model's languages "
+                                  f"({', '.join(lang for lang in self.cfg.languages if lang != 'auto')}) do not "
+                                  "cover: expect letter names or noise")
         sampling = opts.talker.do_sample or opts.predictor.do_sample
         generator = make_generator(opts.seed) if sampling else None
         codec = self.codec.stream(official_chunking=True)

@@ -84,3 +84,36 @@ def estimate_audio_s(text: str) -> float:
     """Rough spoken length: ~14 characters a second for alphabetic text, ~4.5 for CJK characters."""
     cjk = len(_CJK.findall(text))
     return 0.22 * cjk + 0.07 * (len(text) - cjk)
+
+
+# The scripts each language is written in (unicodedata names start with these); a language not listed is not
+# checked. Han covers Chinese and the kanji of Japanese.
+LANGUAGE_SCRIPTS = {
+    "english": ("LATIN",), "german": ("LATIN",), "french": ("LATIN",), "italian": ("LATIN",),
+    "spanish": ("LATIN",), "portuguese": ("LATIN",), "russian": ("CYRILLIC",), "chinese": ("CJK",),
+    "japanese": ("CJK", "HIRAGANA", "KATAKANA"), "korean": ("HANGUL",),
+}
+
+
+def script_of(ch: str) -> str:
+    """The script of a letter by its Unicode name ("LATIN", "HEBREW", "CJK", ...); "" when it has none."""
+    import unicodedata
+
+    name = unicodedata.name(ch, "")
+    return name.split(" ", 1)[0] if name else ""
+
+
+def uncovered_script(text: str, languages: list[str]) -> str | None:
+    """The script most of `text`'s letters are written in when none of `languages` is written in it (the model
+    would read it as letter names or noise), else None. Languages whose script is unknown here cover anything."""
+    known = [LANGUAGE_SCRIPTS.get(lang) for lang in languages if lang != "auto"]
+    if not known or any(s is None for s in known):
+        return None
+    covered = {s for scripts in known for s in scripts}
+    letters = [script_of(c) for c in text if c.isalpha()]
+    if not letters:
+        return None
+    outside = [s for s in letters if s not in covered]
+    if len(outside) * 2 <= len(letters):
+        return None
+    return max(set(outside), key=outside.count)

@@ -123,3 +123,41 @@ def test_int8_products_on_odd_widths_equal_the_dequantized_weight():
         print("products ok", flush=True)
     """)
     assert p.returncode == 0 and "products ok" in p.stdout, _explain(p)
+
+
+def test_compare_bench_and_the_tui_run_on_odd_widths_in_int8(odd_checkpoint, tmp_path):
+    """The default format through the other front ends: compare (every mode), bench (every mode, one round) and
+    the TUI speaking one utterance with a stand-in sound card."""
+    p = _run(f"""
+        import asyncio, sys
+        from leapvox.app.cli import main
+        folder = {str(odd_checkpoint)!r}
+        rc = main(["compare", "Odd shapes.", "--model", folder, "--weights", "int8", "--max-frames", "3",
+                   "--out", {str(tmp_path / "cmp")!r}])
+        if rc:
+            sys.exit(f"compare returned {{rc}}")
+        rc = main(["bench", "--model", folder, "--weights", "int8", "--rounds", "1", "--max-frames", "3"])
+        if rc:
+            sys.exit(f"bench returned {{rc}}")
+        from dataclasses import replace
+        from textual.widgets import Button
+        from leapvox.app.tui.app import LeapvoxApp
+        from leapvox.app.tui.history import History
+        from leapvox.models.load import load_model
+        from tests.test_tui import fake_players, keys, until
+
+        async def run():
+            m = load_model(folder, "int8")
+            app = LeapvoxApp(model=m, options=replace(m.defaults, seed=1, max_frames=3),
+                             player_factory=fake_players([]))
+            async with app.run_test(size=(120, 40)) as pilot:
+                await until(pilot, lambda: not app.query_one("#speak", Button).disabled)
+                await pilot.press(*keys("Odd shapes."))
+                await pilot.click("#speak")
+                await until(pilot, lambda: len(app.query_one(History).utterances) == 1)
+                assert app.query_one(History).utterances[0].stats.frames == 3
+            assert app._exception is None
+        asyncio.run(run())
+        print("front ends ok", flush=True)
+    """)
+    assert p.returncode == 0 and "front ends ok" in p.stdout, _explain(p)
