@@ -116,7 +116,7 @@ def test_json_report(capsys, monkeypatch):
     assert r["threads"]["torch_intra_op"] == torch.get_num_threads()
     assert {"fp32", "bf16"} <= set(r["formats"]["available"])
     probe = r["formats"]["probe"]
-    assert probe["fastest"] in ("fp32", "bf16") and probe["ms"]["fp32"] > 0 and probe["ms"]["bf16"] > 0
+    assert probe["fastest"] in ("fp32", "bf16", "int8") and probe["ms"]["fp32"] > 0 and probe["ms"]["bf16"] > 0
     assert r["backends"]["cpu"]["ready"] is True
     if not torch.cuda.is_available():
         assert r["backends"]["cuda"]["ready"] is False and r["backends"]["cuda"]["detail"]
