@@ -93,7 +93,7 @@ def read_corpus(folder: Path = FORTUNES_DIR, vocab: set[str] | None = None,
     return kept, candidates
 
 
-def split_sentences(items: list, test_size: int, seed: int) -> tuple[list, list]:
+def train_test_split(items: list, test_size: int, seed: int) -> tuple[list, list]:
     """A fixed random split: (train, test). Sorted first so the split does not depend on file order."""
     items = sorted(items)
     random.Random(seed).shuffle(items)
@@ -183,7 +183,7 @@ def build_data(out_dir: str | Path, fortunes_dir: str | Path = FORTUNES_DIR, tes
     out.mkdir(parents=True, exist_ok=True)
     sentences, candidates = read_corpus(Path(fortunes_dir), pocketsphinx_words())
     log(f"corpus: {len(sentences)} sentences kept of {candidates} candidates")
-    train, test = split_sentences(sentences, test_size, seed)
+    train, test = train_test_split(sentences, test_size, seed)
     train = train[:limit] if limit else train
 
     t = time.perf_counter()
