@@ -129,7 +129,10 @@ def quantize_model(tts, weights: str = "int8") -> dict:
     summary = {"weights": weights, "layers": 0, "bytes_before": 0, "bytes_after": 0}
     if weights != "int8":
         return summary
-    for parent, name, linear in quantizable_linears(tts):
+    # (parent, name) only: holding the linears until the end would keep every source weight alive (memory-mapped
+    # from the checkpoint) until all are converted; dropped one by one, the peak is the int8 model plus one layer
+    for parent, name in [(parent, name) for parent, name, _ in quantizable_linears(tts)]:
+        linear = getattr(parent, name)
         if linear.weight.device.type != "cpu":
             raise ValueError("int8 weights run on the CPU only; load the model on the CPU")
         q = Int8Linear.from_linear(linear)
@@ -137,6 +140,7 @@ def quantize_model(tts, weights: str = "int8") -> dict:
         summary["bytes_before"] += linear.weight.numel() * linear.weight.element_size()
         summary["bytes_after"] += q.codes.numel() + q.scales.numel() * q.scales.element_size()
         setattr(parent, name, q)
+        del linear
     return summary
 
 

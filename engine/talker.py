@@ -51,8 +51,10 @@ class Talker(nn.Module):
         return self.model.codec_embedding.weight.device
 
     def embed_text(self, ids: torch.Tensor) -> torch.Tensor:
-        """Text token ids [B, T] -> projected text embeddings [B, T, H]."""
-        return self.text_projection(self.model.text_embedding(ids))
+        """Text token ids [B, T] -> projected text embeddings [B, T, H]. The rows are cast to the talker's compute
+        dtype (an int8 model keeps the large text table as stored, bf16, and upcasts only the rows it reads)."""
+        rows = self.model.text_embedding(ids)
+        return self.text_projection(rows.to(self.model.codec_embedding.weight.dtype))
 
     def embed_codec(self, ids: torch.Tensor) -> torch.Tensor:
         """Codec / control ids [...] -> talker codec embeddings [..., H]."""

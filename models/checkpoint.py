@@ -87,16 +87,20 @@ def _weight_files(folder: Path, stem: str) -> list[Path]:
 
 
 def read_tensors(files: list[Path], prefix: str = "") -> dict[str, tuple[torch.Tensor, Path]]:
-    """Tensors whose key starts with `prefix` (stripped), each with the file it came from."""
+    """Tensors whose key starts with `prefix` (stripped), each with the file it came from.
+
+    The tensors are memory-mapped, each through its own mapping: a tensor that is converted and dropped (int8
+    quantization, a dtype change) releases its pages, so loading never holds a second copy of the whole file."""
     from safetensors import safe_open
 
     out = {}
     for f in files:
         try:
             with safe_open(str(f), framework="pt") as st:
-                for key in st.keys():  # noqa: SIM118 - safe_open is not a mapping
-                    if key.startswith(prefix):
-                        out[key[len(prefix) :]] = (st.get_tensor(key), f)
+                keys = [k for k in st.keys() if k.startswith(prefix)]  # noqa: SIM118 - not a mapping
+            for key in keys:
+                with safe_open(str(f), framework="pt") as st:
+                    out[key[len(prefix) :]] = (st.get_tensor(key), f)
         except Exception as e:  # safetensors raises its own error types for bad headers and short files
             raise CheckpointError(
                 f"{f} is damaged (truncated or not a safetensors file): {e}", hint="delete it and download it again"
@@ -218,8 +222,10 @@ def load_checkpoint(path: str | Path, weights: str = "fp32", device: str = "cpu"
         load_weights(tts, tensors, "", None)
         del tensors
         quantize_model(tts, "int8")
-        for p in tts.parameters():
-            p.data = p.data.float()
+        text_table = tts.talker.model.text_embedding.weight  # the biggest table (0.6B: 151936 x 2048) stays as
+        for p in tts.parameters():  # stored and mapped: a prompt reads a few rows, Talker.embed_text upcasts them
+            if p is not text_table:
+                p.data = p.data.float()
     else:
         load_weights(tts, tensors, "", dtype)
         del tensors
