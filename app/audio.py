@@ -29,12 +29,6 @@ def write_wav(path: str | Path, audio: np.ndarray, sample_rate: int) -> Path:
     return write_bytes_atomic(path, wav_bytes(audio, sample_rate))
 
 
-def write_wav_stream(out: BinaryIO, audio: np.ndarray, sample_rate: int) -> None:
-    """Write a whole WAV to a binary stream such as stdout."""
-    out.write(wav_bytes(audio, sample_rate))
-    out.flush()
-
-
 STREAMING_SIZE = 0xFFFFFFFF  # RIFF and data sizes of a WAV whose length is unknown when its header goes out
 
 
@@ -99,17 +93,13 @@ class WavWriter:
         if self.path is None:
             try:
                 if self.out.seekable():
-                    self.out.seek(0)
-                    self.out.write(wav_header(self.sample_rate, self.samples))
-                    self.out.seek(0, os.SEEK_END)
+                    self._patch_header()
             except OSError:  # a pipe that claims to seek: the streaming header stays
                 pass
             self.out.flush()
             return None
         try:
-            self.out.seek(0)
-            self.out.write(wav_header(self.sample_rate, self.samples))
-            self.out.seek(0, os.SEEK_END)
+            self._patch_header()
             self.out.flush()
             os.fsync(self.out.fileno())
             self.out.close()
@@ -118,6 +108,12 @@ class WavWriter:
             self.abort()
             raise
         return self.path
+
+    def _patch_header(self) -> None:
+        """The header with the real sizes, written over the streaming one."""
+        self.out.seek(0)
+        self.out.write(wav_header(self.sample_rate, self.samples))
+        self.out.seek(0, os.SEEK_END)
 
     def abort(self) -> None:
         """Drop a file being written (the target is untouched), even when its buffered data cannot be written

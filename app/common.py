@@ -222,7 +222,7 @@ def precheck_speak(args) -> None:
     check_sampling_flags(args)
     check_backend(args)
     from leapvox.engine.options import validate
-    from leapvox.models.checkpoint import generation_defaults, load_config
+    from leapvox.models.checkpoint import load_config, model_defaults
     from leapvox.models.hub import NotCachedError, resolve_model_path
 
     try:
@@ -230,10 +230,7 @@ def precheck_speak(args) -> None:
     except NotCachedError:
         return
     cfg = load_config(folder)
-    defaults = generation_defaults(folder)
-    if cfg.leapvox_window:
-        defaults = replace(defaults, window=cfg.leapvox_window)
-    validate(speak_options(args, defaults), cfg)
+    validate(speak_options(args, model_defaults(folder, cfg)), cfg)
 
 
 def speak_options(args, defaults):

@@ -162,19 +162,14 @@ def _open_player(args, sample_rate: int):
         return None
 
 
-class _Output:
-    """Marks OSErrors of the writer as the output's (not, say, the model's files)."""
-
-    def __init__(self, args, writer):
-        self.args, self.writer = args, writer
-
-    def __call__(self, fn, *a):
-        try:
-            return fn(*a)
-        except BrokenPipeError:
-            raise
-        except OSError as e:  # cmd_speak aborts the writer: no temp file is left
-            raise write_error(self.args, e) from None
+def _output(args, fn, *a):
+    """fn(*a) on the writer, its OSErrors reported as the output's (not, say, the model's files)."""
+    try:
+        return fn(*a)
+    except BrokenPipeError:
+        raise
+    except OSError as e:  # cmd_speak aborts the writer: no temp file is left
+        raise write_error(args, e) from None
 
 
 def cmd_speak(args) -> int:
@@ -189,14 +184,13 @@ def cmd_speak(args) -> int:
         opts = speak_options(args, model.defaults)
         player = _open_player(args, model.sample_rate) if args.play else None
         progress = Progress(sys.stderr.isatty() and not args.quiet and player is None)
-        output = _Output(args, writer)
         if writer is not None:
-            output(writer.start, model.sample_rate)
+            _output(args, writer.start, model.sample_rate)
         for chunk in model.synthesizer().stream(text, opts):
             if player is not None:
                 player.feed(chunk.audio, chunk.stats.xrt, chunk.stats.est_remaining_s)
             if writer is not None:
-                output(writer.write, chunk.audio)
+                _output(args, writer.write, chunk.audio)
             if args.codes:
                 codes.append(chunk.codes)
             stats = chunk.stats
@@ -206,7 +200,7 @@ def cmd_speak(args) -> int:
             player.end()
             player.wait()
         if writer is not None:
-            output(writer.close)
+            _output(args, writer.close)
     except BaseException:
         progress.clear()
         if writer is not None:

@@ -115,7 +115,6 @@ class Tally:
     first_audio_s: float | None = None
     stop_reasons: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
-    spoken_s: list[float] = field(default_factory=list)  # audio of each finished sentence
 
     def begin(self, index: int) -> DecodeStats:
         self.sentence, self.current, self.sentence_samples = index, DecodeStats(), 0
@@ -126,8 +125,7 @@ class Tally:
         for name in ("frames", "talker_calls", "predictor_calls", "talker_s", "predictor_s", "prefill_s", "codec_s"):
             setattr(d, name, getattr(d, name) + getattr(c, name))
         self.stop_reasons.append(stop_reason or c.stop_reason)
-        self.spoken_s.append(sentence_audio_s)
-        self.spoken_total += sentence_audio_s
+        self.spoken_total += sentence_audio_s  # audio of the finished sentences
         self.current = DecodeStats(kv_bytes=c.kv_bytes)
 
     def __post_init__(self) -> None:
@@ -140,7 +138,7 @@ class Tally:
         self.spoken_total = 0.0
 
     def est_remaining(self, sample_rate: int) -> float:
-        n, before = len(self.spoken_s), self.guessed_before
+        n, before = len(self.stop_reasons), self.guessed_before  # finished sentences
         scale = self.spoken_total / max(before[n], 1e-6) if n else 1.0
         total = self.spoken_total + scale * (before[-1] - before[n])
         return max(0.0, total - self.audio_samples / sample_rate)

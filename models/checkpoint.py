@@ -162,6 +162,15 @@ def generation_defaults(folder: Path) -> SynthesisOptions:
     )
 
 
+def model_defaults(folder: Path, cfg: TTSConfig) -> SynthesisOptions:
+    """The options a model speaks with unless told otherwise: generation_config.json, the window it was adapted to
+    (`leapvox train-window`), its first speaker. Needs only the folder's small JSON files."""
+    defaults = generation_defaults(folder)
+    if cfg.leapvox_window:  # adapted: windowed mode runs at the window it learned
+        defaults = replace(defaults, window=cfg.leapvox_window)
+    return replace(defaults, speaker=next(iter(cfg.talker.spk_id), None))
+
+
 def load_config(folder: Path) -> TTSConfig:
     raw = read_json(folder / "config.json")
     try:
@@ -233,10 +242,5 @@ def load_checkpoint(path: str | Path, weights: str = "fp32", device: str = "cpu"
     tts.to(device).eval()
     codec.to(device).eval()
     tokenizer = TextTokenizer(folder, frontend=text_frontend(read_json(folder / "config.json")))
-    defaults = generation_defaults(folder)
-    if cfg.leapvox_window:  # adapted by `leapvox train-window`: windowed mode runs at the window it learned
-        defaults = replace(defaults, window=cfg.leapvox_window)
-    speaker = next(iter(cfg.talker.spk_id), None)
     plan = draft_plan(folder, tts.talker.code_predictor.cfg.hidden_size)
-    return LoadedModel(folder, cfg, tts, codec, tokenizer, replace(defaults, speaker=speaker), sample_rate, weights,
-                       plan)
+    return LoadedModel(folder, cfg, tts, codec, tokenizer, model_defaults(folder, cfg), sample_rate, weights, plan)
