@@ -577,12 +577,24 @@ def mistral_patched_ids(folder, text):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--skip-build", action="store_true", help="reuse the existing tiny checkpoints")
+    ap.add_argument("--only", choices=["all", "custom-voice", "clone"], default="all",
+                    help="custom-voice: the CustomVoice fixtures (expected.*); clone: the Base / VoiceDesign fixtures "
+                    "(expected_clone.*, clone_fixtures.py); all: both")
     args = ap.parse_args()
     torch.use_deterministic_algorithms(True)
     OUT.mkdir(parents=True, exist_ok=True)
     tok = build_text_tokenizer()
+    if args.only in ("all", "custom-voice"):
+        make_custom_voice(tok, args.skip_build)
+    if args.only in ("all", "clone"):
+        import clone_fixtures
+
+        clone_fixtures.make(sys.modules[__name__], tok, args.skip_build)
+
+
+def make_custom_voice(tok, skip_build):
     vocab, merges, tok_cfg, special_ids, n_regular = tok
-    if not args.skip_build:
+    if not skip_build:
         build_checkpoints(tok)
 
     tensors = {}
@@ -817,4 +829,5 @@ def main():
 
 
 if __name__ == "__main__":
+    sys.path.insert(0, str(HERE))
     main()
