@@ -21,6 +21,7 @@ COMMANDS = {
     "speakers": ("leapvox.app.speak", "list a model's speakers and languages"),
     "devices": ("leapvox.app.speak", "list audio output devices (for --device)"),
     "tui": ("leapvox.app.tui.command", "interactive window: type, speak, live speed readouts, history"),
+    "serve": ("leapvox.app.serve", "a local speech server speaking OpenAI's audio API (POST /v1/audio/speech)"),
     "compare": ("leapvox.app.compare", "speak one text through every decoding mode; table, WAVs, JSON (and a plot)"),
     "models": ("leapvox.app.manage", "list, download, check and remove models (Hugging Face cache)"),
     "paths": ("leapvox.app.manage", "where leapvox and the Hugging Face cache keep files"),

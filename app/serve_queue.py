@@ -1,0 +1,268 @@
+"""`leapvox serve`'s synthesis queue and audio encoders. One worker thread runs one synthesis at a time (the model
+is loaded once and torch already uses every core for one), taking jobs from a bounded queue; a full queue refuses
+at once (`QueueFull`, the server's 429). Each job's bytes are handed to its request as they are produced, through
+`deliver`, and a job whose client went away is skipped, or stopped between two frames (`Synthesizer.stream`'s
+`cancelled`)."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import queue
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .audio import pcm16, wav_header
+
+# response_format -> (Content-Type, libsndfile format and subtype, streamed). wav and pcm are written by leapvox
+# (the same bytes as `leapvox speak -o -` and its samples); the others by libsndfile where it has them. Opus (in
+# Ogg) is written strictly in order, so it streams; libsndfile goes back to finish FLAC's and MP3's headers at the
+# end (total length, the MP3 info frame), so those are sent when synthesis ends.
+FORMATS = {
+    "wav": ("audio/wav", None, True),
+    "pcm": ("audio/pcm", None, True),
+    "flac": ("audio/flac", ("FLAC", "PCM_16"), False),
+    "mp3": ("audio/mpeg", ("MP3", "MPEG_LAYER_III"), False),
+    "opus": ("audio/ogg; codecs=opus", ("OGG", "OPUS"), True),
+}
+
+
+def supported_formats() -> list[str]:
+    """The response formats this installation can write (libsndfile's MP3 and Opus depend on how it was built)."""
+    import soundfile as sf
+
+    formats, subtypes = sf.available_formats(), {}
+    ok = []
+    for name, (_, lib, _) in FORMATS.items():
+        if lib is None:
+            ok.append(name)
+            continue
+        fmt, sub = lib
+        subtypes.setdefault(fmt, sf.available_subtypes(fmt) if fmt in formats else {})
+        if sub in subtypes[fmt]:
+            ok.append(name)
+    return ok
+
+
+class _Sink:
+    """A write-only file for libsndfile that keeps what it writes; `take()` returns the bytes appended since the last
+    call. Bytes rewritten behind that point (a header finished at the end) are kept for a whole-file format only."""
+
+    def __init__(self):
+        self.data, self.pos, self.taken = bytearray(), 0, 0
+
+    def write(self, b) -> int:
+        b = bytes(b)
+        self.data[self.pos : self.pos + len(b)] = b
+        self.pos += len(b)
+        return len(b)
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        self.pos = offset if whence == 0 else self.pos + offset if whence == 1 else len(self.data) + offset
+        return self.pos
+
+    def tell(self) -> int:
+        return self.pos
+
+    def read(self, n: int = -1) -> bytes:
+        return b""
+
+    def take(self) -> bytes:
+        out = bytes(self.data[self.taken :])
+        self.taken = len(self.data)
+        return out
+
+
+class Encoder:
+    """Float audio -> the bytes of one response format, chunk by chunk: `audio()` for each chunk, `end()` once."""
+
+    def __init__(self, fmt: str, sample_rate: int):
+        self.fmt, self.sample_rate = fmt, sample_rate
+        self.content_type, lib, self.streamed = FORMATS[fmt]
+        self.head = wav_header(sample_rate) if fmt == "wav" else b""  # a streaming header: length unknown
+        self.file = self.sink = None
+        if lib is not None:
+            import soundfile as sf
+
+            self.sink = _Sink()
+            self.file = sf.SoundFile(self.sink, "w", sample_rate, 1, lib[1], format=lib[0])
+
+    def audio(self, audio: np.ndarray) -> bytes:
+        if self.file is None:
+            out, self.head = self.head + (pcm16(audio) if len(audio) else b""), b""
+            return out
+        if len(audio):  # as 16-bit samples, converted as wav and pcm convert them: a FLAC holds exactly those
+            self.file.write(np.frombuffer(pcm16(audio), dtype="<i2"))
+        return self.sink.take() if self.streamed else b""
+
+    def end(self) -> bytes:
+        if self.file is None:
+            out, self.head = self.head, b""
+            return out
+        self.file.close()
+        return self.sink.take() if self.streamed else bytes(self.sink.data)
+
+
+class QueueFull(Exception):
+    """The queue holds its limit of waiting requests; `retry_after` is a guess in whole seconds."""
+
+    def __init__(self, retry_after: int):
+        super().__init__(f"the server is busy: the queue is full; retry in about {retry_after} s")
+        self.retry_after = retry_after
+
+
+class ShuttingDown(Exception):
+    """The server is stopping: a waiting job will not be synthesised."""
+
+    def __init__(self):
+        super().__init__("the server is shutting down")
+
+
+@dataclass
+class Job:
+    """One request's synthesis. `deliver` is called from the worker thread with ("data", bytes), then ("end",
+    StreamStats or None) or ("error", exception); it must be thread-safe and must not block."""
+
+    text: str
+    opts: object  # SynthesisOptions
+    encoder: Encoder
+    deliver: Callable[[tuple], None]
+    summary: str = ""  # for the log: voice, format, length (the text itself only with --log-text)
+    cancelled: threading.Event = field(default_factory=threading.Event)
+
+    def cancel(self) -> None:
+        self.cancelled.set()
+
+
+@dataclass
+class Counters:
+    completed: int = 0
+    cancelled: int = 0
+    failed: int = 0
+    rejected: int = 0
+
+
+class SpeechQueue:
+    """A bounded queue of Jobs and the one worker thread that synthesises them in order."""
+
+    def __init__(self, synthesizer, max_waiting: int, log: logging.Logger):
+        self.synth, self.log = synthesizer, log
+        self.jobs: queue.Queue[Job | None] = queue.Queue(maxsize=max_waiting)
+        self.max_waiting = max_waiting
+        self.counters = Counters()
+        self.current: Job | None = None
+        self.last: dict | None = None  # the last finished job's numbers (no text)
+        self.mean_job_s = 0.0  # running mean of job durations, for Retry-After
+        self._closing = False
+        self.thread = threading.Thread(target=self._run, name="leapvox-synthesis", daemon=True)
+        self.thread.start()
+
+    @property
+    def waiting(self) -> int:
+        return self.jobs.qsize()
+
+    def submit(self, job: Job) -> None:
+        """Queue `job`, or raise QueueFull when `max_waiting` jobs are already waiting (or the server is closing)."""
+        try:
+            if self._closing:
+                raise ShuttingDown()
+            self.jobs.put_nowait(job)
+        except queue.Full:
+            self.counters.rejected += 1
+            raise QueueFull(self.retry_after()) from None
+
+    def retry_after(self) -> int:
+        """Seconds until a place is likely free: the jobs ahead times the mean job time, 1 at least."""
+        ahead = self.waiting + (self.current is not None)
+        return max(1, min(600, math.ceil(self.mean_job_s * ahead)))
+
+    def refuse_waiting(self) -> None:
+        """Shutting down: refuse new jobs and turn away the waiting ones (the running one goes on)."""
+        self._closing = True
+        while True:
+            try:
+                job = self.jobs.get_nowait()
+            except queue.Empty:
+                return
+            if job is not None:
+                job.cancel()
+                _safe(job.deliver, ("error", ShuttingDown()))
+
+    def close(self, timeout: float = 10.0) -> None:
+        """Refuse new and waiting jobs, cancel the running one, and wait for the worker to stop."""
+        self.refuse_waiting()
+        if self.current is not None:
+            self.current.cancel()
+        self.jobs.put(None)
+        self.thread.join(timeout)
+
+    def _run(self) -> None:
+        while True:
+            job = self.jobs.get()
+            if job is None:
+                return
+            if job.cancelled.is_set():
+                self.counters.cancelled += 1
+                continue
+            self.current = job
+            try:
+                self._synthesize(job)
+            finally:
+                self.current = None
+
+    def _synthesize(self, job: Job) -> None:
+        t0, stats, outcome = time.perf_counter(), None, "completed"
+        stream = self.synth.stream(job.text, job.opts, cancelled=job.cancelled.is_set)
+        try:
+            for chunk in stream:
+                stats = chunk.stats
+                if job.cancelled.is_set():
+                    break
+                data = job.encoder.audio(chunk.audio)
+                if data:
+                    job.deliver(("data", data))
+            if job.cancelled.is_set():
+                outcome = "cancelled"
+            else:
+                tail = job.encoder.end()
+                if tail:
+                    job.deliver(("data", tail))
+                job.deliver(("end", stats))
+        except Exception as e:  # reported to the request (a status, or a cut stream) and logged there
+            outcome = "failed"
+            _safe(job.deliver, ("error", e))
+        finally:
+            stream.close()
+        elapsed = time.perf_counter() - t0
+        setattr(self.counters, outcome, getattr(self.counters, outcome) + 1)
+        done = self.counters.completed + self.counters.cancelled + self.counters.failed
+        self.mean_job_s += (elapsed - self.mean_job_s) / done
+        self.last = _numbers(outcome, elapsed, stats)
+        self.log.info("speech %s: %s, %s", outcome, job.summary, _describe(self.last))
+
+
+def _safe(fn, *a) -> None:
+    with contextlib.suppress(Exception):  # the request is gone (its event loop closed): nothing to tell
+        fn(*a)
+
+
+def _numbers(outcome: str, elapsed: float, stats) -> dict:
+    d = {"outcome": outcome, "elapsed_s": round(elapsed, 3), "frames": 0, "audio_s": 0.0, "first_audio_s": None,
+         "stop_reason": outcome if outcome != "completed" else ""}
+    if stats is not None:
+        d.update(frames=stats.frames, audio_s=round(stats.audio_s, 3),
+                 stop_reason=d["stop_reason"] or stats.stop_reason,
+                 first_audio_s=None if stats.first_audio_s is None else round(stats.first_audio_s, 3))
+    return d
+
+
+def _describe(n: dict) -> str:
+    first = "-" if n["first_audio_s"] is None else f"{n['first_audio_s']:.2f} s"
+    xrt = n["audio_s"] / n["elapsed_s"] if n["elapsed_s"] > 0 else 0.0
+    return (f"{n['frames']} frames, {n['audio_s']:.2f} s of audio in {n['elapsed_s']:.2f} s (xRT {xrt:.2f}), "
+            f"first audio {first}, stop {n['stop_reason'] or '-'}")
