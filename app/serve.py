@@ -12,7 +12,6 @@ import argparse
 import asyncio
 import contextlib
 import copy
-import hmac
 import ipaddress
 import json
 import logging
@@ -20,19 +19,16 @@ import os
 import signal
 import sys
 import threading
-from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
 
-from leapvox.engine.errors import InputError, LeapvoxError
-from leapvox.engine.options import MODES
+from leapvox.engine.errors import LeapvoxError
 
-from .common import EXIT_OK, UsageError, backend_args, load, model_args, quiet_or, require_model, speak_options, tell
+from .common import EXIT_OK, UsageError, backend_args, load, model_args, quiet_or, require_model, tell
+from .serve_request import ApiError, Settings, api_error_of, check_key, parse_speech, read_body, saved_voices
 
 DEFAULT_PORT = 8880
 KEY_ENV = "LEAPVOX_API_KEY"
-SPEECH_FIELDS = {"model", "input", "voice", "response_format", "speed", "instructions", "stream_format",
-                 "mode", "seed", "language"}  # the last three are leapvox's own
 
 
 def add_commands(sub) -> None:
@@ -86,7 +82,7 @@ def check_serve_args(args) -> None:
                          "this machine", hint=f"set {KEY_ENV}=... (or --api-key), or keep the default --host 127.0.0.1")
     if not 0 <= args.port < 65536:
         raise UsageError(f"--port must be in 0..65535 (0: any free port), got {args.port}")
-    for flag, value, low in (("--queue", args.queue, 0), ("--max-input", args.max_input, 1),
+    for flag, value, low in (("--queue", args.queue, 1), ("--max-input", args.max_input, 1),
                              ("--max-frames", args.max_frames, 1), ("--grace", args.grace, 0)):
         if value is not None and value < low:
             raise UsageError(f"{flag} must be >= {low}, got {value}")
@@ -102,171 +98,6 @@ def model_id(name: str) -> str:
     """The id clients send as `model`: the --model value, or a checkpoint folder's name."""
     path = Path(name).expanduser()
     return path.name if path.is_dir() else name
-
-
-# ---- settings, errors ---------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Settings:
-    model_id: str
-    api_key: str | None = None
-    queue: int = 8
-    max_input: int = 4096
-    max_frames: int | None = None
-    log_text: bool = False
-
-    @property
-    def max_body(self) -> int:
-        """Request bodies over this many bytes get 413: the input and instructions at 12 bytes a character (JSON
-        escapes of astral characters), plus 16 KiB for the rest."""
-        return 16384 + 24 * self.max_input
-
-
-class ApiError(Exception):
-    """A response in OpenAI's error shape: {"error": {"message", "type", "param", "code"}}."""
-
-    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
-                 type: str = "invalid_request_error", headers: dict | None = None):
-        super().__init__(message)
-        self.status, self.param, self.code, self.type, self.headers = status, param, code, type, headers or {}
-
-    def response(self):
-        from starlette.responses import JSONResponse
-
-        body = {"error": {"message": str(self), "type": self.type, "param": self.param, "code": self.code}}
-        return JSONResponse(body, self.status, headers=self.headers)
-
-
-def _auth(settings: Settings, request) -> None:
-    if settings.api_key is None:
-        return
-    scheme, _, token = request.headers.get("authorization", "").partition(" ")
-    if not (scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), settings.api_key.encode())):
-        raise ApiError(401, "incorrect or missing API key: send 'Authorization: Bearer KEY'", code="invalid_api_key",
-                       headers={"WWW-Authenticate": "Bearer"})
-
-
-async def _read_body(request, limit: int) -> bytes:
-    declared = request.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > limit:
-        raise ApiError(413, f"the request body is {declared} bytes; the limit is {limit}", code="body_too_large")
-    body = bytearray()
-    async for part in request.stream():
-        body += part
-        if len(body) > limit:
-            raise ApiError(413, f"the request body is over the limit of {limit} bytes", code="body_too_large")
-    return bytes(body)
-
-
-# ---- the speech request -------------------------------------------------------------------------------------
-
-
-def saved_voices() -> list[str]:
-    """Names of the user's saved (cloned) voices: the one place the voices store plugs in. None yet: cloning is
-    not part of leapvox; when models/voices.py lands, list its voices here and map them in `_voice`."""
-    return []
-
-
-def _voice(value, cfg) -> str:
-    """The speaker a request's `voice` names (a name, or OpenAI's {"id": name}); never a path."""
-    name = value.get("id") if isinstance(value, dict) else value
-    if not isinstance(name, str) or not name.strip():
-        raise ApiError(400, "voice must be a voice name (GET /v1/audio/voices lists them)", "voice")
-    key = name.strip().lower()
-    if key in cfg.talker.spk_id:
-        return key
-    shown = name if len(name) <= 40 else name[:40] + "..."
-    raise ApiError(400, f"unknown voice {shown!r}; this model's voices: {', '.join(cfg.speakers + saved_voices())}",
-                   "voice", "voice_not_found")
-
-
-def _text(req: dict, field: str, limit: int, required: bool) -> str | None:
-    from .common import clean_text
-
-    value = req.get(field)
-    if value is None and not required:
-        return None
-    if value is None:
-        raise ApiError(400, f"missing required parameter: '{field}'", field, "missing_required_parameter")
-    if not isinstance(value, str):
-        raise ApiError(400, f"'{field}' must be a string", field)
-    if len(value) > limit:
-        raise ApiError(413, f"'{field}' is {len(value)} characters; the limit is {limit} (--max-input)", field,
-                       "input_too_long")
-    if "\0" in value:
-        raise ApiError(400, f"'{field}' contains a NUL character", field)
-    text = clean_text(value)
-    if required and not text:
-        raise ApiError(400, f"'{field}' is empty: give some words to speak", field, "empty_input")
-    return text or None
-
-
-def _choice(req: dict, field: str, choices, default):
-    value = req.get(field, default)
-    if value not in choices:
-        raise ApiError(400, f"unsupported {field} {value!r}; supported: {', '.join(map(str, choices))}", field,
-                       f"unsupported_{field}")
-    return value
-
-
-def parse_speech(req, model, settings: Settings, formats: list[str]):
-    """A speech request's JSON -> (text, SynthesisOptions, format); ApiError for anything wrong, before any work."""
-    if not isinstance(req, dict):
-        raise ApiError(400, "the request body must be a JSON object")
-    unknown = sorted(set(req) - SPEECH_FIELDS)
-    if unknown:
-        raise ApiError(400, f"unrecognized request argument: {unknown[0]!r}", unknown[0], "unknown_parameter")
-    name = req.get("model")
-    if not isinstance(name, str):
-        raise ApiError(400, "missing required parameter: 'model'" if name is None else "'model' must be a string",
-                       "model", "missing_required_parameter" if name is None else None)
-    if name != settings.model_id:
-        raise ApiError(404, f"the model {name[:60]!r} is not served here; this server has {settings.model_id!r}",
-                       "model", "model_not_found")
-    text = _text(req, "input", settings.max_input, required=True)
-    instructions = _text(req, "instructions", settings.max_input, required=False)
-    cfg = model.config
-    speaker = _voice(req["voice"], cfg) if req.get("voice") is not None else None
-    fmt = _choice(req, "response_format", formats, "mp3" if "mp3" in formats else "wav")
-    _choice(req, "stream_format", ["audio"], "audio")
-    speed = req.get("speed", 1.0)
-    if speed != 1.0 or isinstance(speed, bool):
-        raise ApiError(400, "speed is not implemented by leapvox; only 1.0 (the default) is accepted", "speed",
-                       "unsupported_speed")
-    mode = _choice(req, "mode", MODES, "ar")
-    seed = req.get("seed")
-    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**63):
-        raise ApiError(400, "seed must be an integer in 0..2^63-1", "seed")
-    language = req.get("language", "auto")
-    if not isinstance(language, str) or language.lower() not in cfg.languages:
-        raise ApiError(400, f"unsupported language {str(language)[:40]!r}; supported: {', '.join(cfg.languages)}",
-                       "language", "unsupported_language")
-    # the options `leapvox speak` would build from the same flags, so the same seed gives the same samples
-    flags = SimpleNamespace(language=language, instruct=instructions, text_layout="non-streaming", seed=seed,
-                            no_guard=False, mode=mode, speaker=speaker, repetition_penalty=None,
-                            max_frames=settings.max_frames)
-    from leapvox.engine.options import validate
-
-    opts = speak_options(flags, model.defaults)
-    try:
-        validate(opts, cfg)
-    except InputError as e:
-        raise ApiError(400, str(e)) from None
-    return text, opts, fmt
-
-
-def _failure(e: Exception) -> ApiError:
-    """An exception from synthesis as an API error, without a traceback."""
-    from .serve_queue import ShuttingDown
-
-    if isinstance(e, ShuttingDown):
-        return ApiError(503, str(e), type="server_error", code="shutting_down")
-    if isinstance(e, InputError):
-        return ApiError(400, str(e))
-    if isinstance(e, LeapvoxError):
-        return ApiError(500, str(e), type="server_error")
-    return ApiError(500, "internal error while synthesising (see the server's log)", type="server_error")
 
 
 class SpeechResponse:
@@ -303,7 +134,7 @@ class SpeechResponse:
         kind, value = await self.items.get()
         if kind == "error":
             self._log_failure(value)
-            await _failure(value).response()(self.scope, None, send)
+            await api_error_of(value).response()(self.scope, None, send)
             return
         headers = [(k.lower().encode(), v.encode()) for k, v in self.headers.items()]
         await send({"type": "http.response.start", "status": 200, "headers": headers})
@@ -346,7 +177,7 @@ def build_app(model, settings: Settings, log: logging.Logger | None = None):
     def guarded(handler):
         async def endpoint(request):
             try:
-                _auth(settings, request)
+                check_key(settings, request)
                 return await handler(request)
             except ApiError as e:
                 return e.response()
@@ -355,7 +186,7 @@ def build_app(model, settings: Settings, log: logging.Logger | None = None):
     async def health(request):
         q = state.queue
         return JSONResponse({"status": "ok", "model": settings.model_id, "weights": model.weights,
-                             "backend": model.backend_name, "busy": q.current is not None, "queue_depth": q.waiting,
+                             "backend": model.backend_name, "busy": q.busy, "queue_depth": q.waiting,
                              "queue_limit": q.max_waiting, **vars(q.counters), "last": q.last})
 
     async def models(request):
@@ -370,25 +201,26 @@ def build_app(model, settings: Settings, log: logging.Logger | None = None):
     async def voices(request):
         data = [{"id": name, "object": "audio.voice", "name": name, "type": "speaker",
                  "dialect": cfg.talker.spk_is_dialect.get(name) or None} for name in cfg.speakers]
-        data += [{"id": name, "object": "audio.voice", "name": name, "type": "saved"} for name in saved_voices()]
+        data += [{"id": name, "object": "audio.voice", "name": name, "type": "saved"} for name in saved_voices(model)]
         return JSONResponse({"object": "list", "data": data, "languages": cfg.languages,
                              "instructions": cfg.supports_instruct, "response_formats": formats})
 
     async def speech(request):
-        body = await _read_body(request, settings.max_body)
+        body = await read_body(request, settings.max_body)
         try:
             req = json.loads(body)
         except ValueError as e:
             raise ApiError(400, f"the request body is not valid JSON ({e})", code="invalid_json") from None
-        text, opts, fmt = parse_speech(req, model, settings, formats)
+        text, opts, fmt, voice = parse_speech(req, model, settings, formats)
         loop, items = asyncio.get_running_loop(), asyncio.Queue()
         encoder = Encoder(fmt, model.sample_rate)
-        summary = f"voice {opts.speaker}, {fmt}, {len(text)} chars" + (f", text {text!r}" if settings.log_text else "")
-        job = Job(text, opts, encoder, lambda item: loop.call_soon_threadsafe(items.put_nowait, item), summary)
+        who = opts.speaker if voice is None else "(saved)"
+        summary = f"voice {who}, {fmt}, {len(text)} chars" + (f", text {text!r}" if settings.log_text else "")
+        job = Job(text, opts, encoder, lambda item: loop.call_soon_threadsafe(items.put_nowait, item), summary, voice)
         try:
             state.queue.submit(job)
         except ShuttingDown as e:
-            raise _failure(e) from None
+            raise api_error_of(e) from None
         except QueueFull as e:
             raise ApiError(429, str(e), type="rate_limit_error", code="queue_full",
                            headers={"Retry-After": str(e.retry_after)}) from None

@@ -133,6 +133,7 @@ class Job:
     encoder: Encoder
     deliver: Callable[[tuple], None]
     summary: str = ""  # for the log: voice, format, length (the text itself only with --log-text)
+    voice: object = None  # a Base model's cloned voice (engine ClonedVoice), else None: a built-in speaker
     cancelled: threading.Event = field(default_factory=threading.Event)
 
     def cancel(self) -> None:
@@ -166,6 +167,11 @@ class SpeechQueue:
     def waiting(self) -> int:
         return self.jobs.qsize()
 
+    @property
+    def busy(self) -> bool:
+        """Work in hand: a job running, taken, or waiting (a job counts until its bookkeeping is done)."""
+        return self.jobs.unfinished_tasks > 0
+
     def submit(self, job: Job) -> None:
         """Queue `job`, or raise QueueFull when `max_waiting` jobs are already waiting (or the server is closing)."""
         try:
@@ -178,7 +184,7 @@ class SpeechQueue:
 
     def retry_after(self) -> int:
         """Seconds until a place is likely free: the jobs ahead times the mean job time, 1 at least."""
-        ahead = self.waiting + (self.current is not None)
+        ahead = self.jobs.unfinished_tasks
         return max(1, min(600, math.ceil(self.mean_job_s * ahead)))
 
     def refuse_waiting(self) -> None:
@@ -189,6 +195,7 @@ class SpeechQueue:
                 job = self.jobs.get_nowait()
             except queue.Empty:
                 return
+            self.jobs.task_done()
             if job is not None:
                 job.cancel()
                 _safe(job.deliver, ("error", ShuttingDown()))
@@ -206,18 +213,20 @@ class SpeechQueue:
             job = self.jobs.get()
             if job is None:
                 return
-            if job.cancelled.is_set():
-                self.counters.cancelled += 1
-                continue
             self.current = job
             try:
-                self._synthesize(job)
+                if job.cancelled.is_set():
+                    self.counters.cancelled += 1
+                else:
+                    self._synthesize(job)
             finally:
                 self.current = None
+                self.jobs.task_done()
 
     def _synthesize(self, job: Job) -> None:
         t0, stats, outcome = time.perf_counter(), None, "completed"
-        stream = self.synth.stream(job.text, job.opts, cancelled=job.cancelled.is_set)
+        cloned = {} if job.voice is None else {"voice": job.voice}
+        stream = self.synth.stream(job.text, job.opts, cancelled=job.cancelled.is_set, **cloned)
         try:
             for chunk in stream:
                 stats = chunk.stats

@@ -5,6 +5,7 @@ graceful SIGTERM."""
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import io
 import json
@@ -106,8 +107,8 @@ def server():
 @pytest.fixture(scope="module")
 def spoken():
     """`leapvox speak TEXT -o - --seed 7` (a pipe: the streaming WAV header), fp32, the server's frame cap."""
-    proc = subprocess.run(cli("speak", TEXT, "-o", "-", "--weights", "fp32", "--seed", "7", "--max-frames",
-                              str(MAX_FRAMES), "-q"), capture_output=True, timeout=600)
+    proc = subprocess.run(cli("speak", TEXT, "-o", "-", "--model", "demo", "--weights", "fp32", "--seed", "7",
+                              "--max-frames", str(MAX_FRAMES), "-q"), capture_output=True, timeout=600)
     assert proc.returncode == 0, proc.stderr.decode()
     return proc.stdout
 
@@ -199,7 +200,7 @@ def test_streaming_first_chunk_then_disconnect_frees_worker(server):
     assert after["last"]["outcome"] == "cancelled" and after["last"]["stop_reason"] == "cancelled"
     assert after["last"]["frames"] < 12 * MAX_FRAMES // 2  # stopped early, not run to the end of 12 sentences
     assert speech(c, "Next.", fmt="pcm", seed=1).content  # the worker takes the next request
-    assert server.health()["completed"] == after["completed"] + 1
+    assert server.wait_idle()["completed"] == after["completed"] + 1
 
 
 def test_40_concurrent_requests_complete_or_get_429(server):
@@ -314,22 +315,16 @@ def test_sigterm_stops_gracefully(server):
     assert "stopped (SIGTERM)" in server.log and "Traceback" not in server.log, server.log
 
 
-# ---- a tiny 1.7B-layout fixture, in-process: instructions --------------------------------------------------------
+# ---- tiny fixtures, in-process: instructions, saved voices --------------------------------------------------------
 
 
-def test_tiny_fixture_in_process_with_instructions(tmp_path):
-    from leapvox.app.cli import main
-    from leapvox.app.serve import Settings, build_app, listen, make_server
-    from leapvox.models.load import load_model
+@contextlib.contextmanager
+def in_process(model, name: str):
+    """An openai client on `model` served by build_app + make_server in a thread (no API key)."""
+    from leapvox.app.serve import build_app, listen, make_server
+    from leapvox.app.serve_request import Settings
 
-    folder = FIXTURES / "tiny-1b7"
-    args = ["--max-frames", "3", "--seed", "3", "--weights", "fp32", "--instruct", "Speak slowly.", "--speaker",
-            "ryan", "-q"]
-    assert main(["speak", "Hello.", "-o", str(tmp_path / "ref.wav"), "--model", str(folder), *args]) == 0
-    ref = (tmp_path / "ref.wav").read_bytes()
-
-    model = load_model(folder, "fp32")
-    app = build_app(model, Settings("tiny-1b7", max_frames=3))
+    app = build_app(model, Settings(name, max_frames=3))
     sock = listen("127.0.0.1", 0)
     srv = make_server(app, grace=5)
     thread = threading.Thread(target=srv.run, kwargs={"sockets": [sock]}, daemon=True)
@@ -340,15 +335,65 @@ def test_tiny_fixture_in_process_with_instructions(tmp_path):
             time.sleep(0.02)
         assert srv.started
         port = sock.getsockname()[1]
-        c = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0, timeout=300)
+        yield openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0, timeout=300)
+    finally:
+        srv.should_exit = True
+        thread.join(60)
+        sock.close()
+
+
+def same_wav(streamed: bytes, file: bytes) -> bool:
+    """The same samples and format; the header differs only in the sizes (streamed: unknown; a file: patched)."""
+    return streamed[44:] == file[44:] and streamed[:4] + streamed[8:40] == file[:4] + file[8:40]
+
+
+def test_tiny_fixture_in_process_with_instructions(tmp_path):
+    from leapvox.app.cli import main
+    from leapvox.models.load import load_model
+
+    folder = FIXTURES / "tiny-1b7"
+    args = ["--max-frames", "3", "--seed", "3", "--weights", "fp32", "--instruct", "Speak slowly.", "--speaker",
+            "ryan", "-q"]
+    assert main(["speak", "Hello.", "-o", str(tmp_path / "ref.wav"), "--model", str(folder), *args]) == 0
+    model = load_model(folder, "fp32")
+    with in_process(model, "tiny-1b7") as c:
         voices = c.get("/audio/voices", cast_to=object)
         ids = [v["id"] for v in voices["data"]]
         assert voices["instructions"] is True and ids == model.config.speakers and "ryan" in ids
         got = c.audio.speech.create(model="tiny-1b7", voice="Ryan", input="Hello.", response_format="wav",
                                     instructions="Speak slowly.", extra_body={"seed": 3}).content
-        # the same samples as speak; the header differs only in the sizes (streamed: unknown; the file: patched)
-        assert got[44:] == ref[44:] and got[:4] + got[8:40] == ref[:4] + ref[8:40]
-    finally:
-        srv.should_exit = True
-        thread.join(60)
-        sock.close()
+    assert same_wav(got, (tmp_path / "ref.wav").read_bytes())
+
+
+def test_saved_voice_of_a_base_model(tmp_path, monkeypatch):
+    """A Base model's saved voice (models/voices.py) is listed and spoken as `speak --voice` speaks it."""
+    voices = pytest.importorskip("leapvox.models.voices", reason="the saved-voices store (models/voices.py) is not "
+                                 "installed in this tree")
+    folder = FIXTURES / "tiny-base-0b6"
+    if not folder.is_dir():
+        pytest.skip("the tiny Base fixture (tests/fixtures/reference/tiny-base-0b6) is not in this tree")
+    import torch
+
+    from leapvox.app.cli import main
+    from leapvox.engine.prompt import ClonedVoice
+    from leapvox.models.load import load_model
+
+    monkeypatch.setenv("LEAPVOX_HOME", str(tmp_path / "home"))
+    model = load_model(folder, "fp32")
+    torch.manual_seed(0)
+    voice = ClonedVoice(torch.randn(model.config.talker.hidden_size), None, None)  # an x-vector-only voice
+    voices.save_voice(voices.model_key(model.path), "me", voice)
+    args = ["--max-frames", "3", "--seed", "3", "--weights", "fp32", "-q"]
+    assert main(["speak", "Hello.", "--voice", "me", "-o", str(tmp_path / "ref.wav"), "--model", str(folder),
+                 *args]) == 0
+    with in_process(model, "tiny-base") as c:
+        listed = c.get("/audio/voices", cast_to=object)["data"]
+        assert [(v["id"], v["type"]) for v in listed] == [("me", "saved")]
+        got = c.audio.speech.create(model="tiny-base", voice="me", input="Hello.", response_format="wav",
+                                    extra_body={"seed": 3}).content
+        assert same_wav(got, (tmp_path / "ref.wav").read_bytes())
+        for bad, code in (("../me", "voice_not_found"), ("other", "voice_not_found"), (None, None)):
+            kw = {} if bad is None else {"voice": bad}
+            with pytest.raises(openai.BadRequestError) as e:
+                c.post("/audio/speech", cast_to=object, body={"model": "tiny-base", "input": "Hello.", **kw})
+            assert error_of(e)["param"] == "voice" and (code is None or error_of(e)["code"] == code)
