@@ -89,14 +89,90 @@ def build_prompt(
     if instruct_ids:
         rows.insert(0, talker.embed_text(torch.tensor([instruct_ids], device=dev)))
     body = ids[:, 3:-5]  # [1, N]
+    embeds, trailing = _text_rows(talker, cfg, ids, codec[:, -1:], eos, pad, text_layout)
+    return Prompt(torch.cat(rows + [embeds], dim=1), trailing, pad, body.shape[1])
+
+
+def _text_rows(talker: Talker, cfg: TTSConfig, ids: torch.Tensor, bos_row: torch.Tensor, eos: torch.Tensor,
+               pad: torch.Tensor, text_layout: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """The rows after the control rows for the wrapped text `ids` [1, n], and the trailing text rows."""
+    dev = ids.device
+    body = ids[:, 3:-5]  # [1, N]
     if text_layout == "non-streaming":
         pad_codes = torch.full((1, body.shape[1] + 1), cfg.talker.codec_pad_id, device=dev)
-        rows.append(torch.cat([talker.embed_text(body), eos], dim=1) + talker.embed_codec(pad_codes))
-        rows.append(pad + talker.embed_codec(torch.tensor([[cfg.talker.codec_bos_id]], device=dev)))
-        trailing = pad
-    elif text_layout == "streaming":
-        rows.append(talker.embed_text(ids[:, 3:4]) + codec[:, -1:])
-        trailing = torch.cat([talker.embed_text(ids[:, 4:-5]), eos], dim=1)
-    else:
+        text = torch.cat([talker.embed_text(body), eos], dim=1) + talker.embed_codec(pad_codes)
+        last = pad + talker.embed_codec(torch.tensor([[cfg.talker.codec_bos_id]], device=dev))
+        return torch.cat([text, last], dim=1), pad
+    if text_layout == "streaming":
+        return talker.embed_text(ids[:, 3:4]) + bos_row, torch.cat([talker.embed_text(ids[:, 4:-5]), eos], dim=1)
+    raise InputError(f"unknown text layout {text_layout!r}", hint=f"use one of {', '.join(TEXT_LAYOUTS)}")
+
+
+# ---- Base models: a cloned voice ---------------------------------------------------------------------------------
+
+
+def wrap_ref_text(text: str) -> str:
+    """The reference clip's transcript, as an assistant turn (ICL prompts)."""
+    return f"<|im_start|>assistant\n{text}<|im_end|>\n"
+
+
+@dataclass(frozen=True)
+class ClonedVoice:
+    """A voice cloned from a reference clip: its x-vector, and for ICL its codes and what the clip says."""
+
+    xvector: torch.Tensor  # [H] speaker-encoder output, at talker width
+    ref_codes: torch.Tensor | None = None  # [T, 16] int64 codes of the clip; None: x-vector only
+    ref_text: str | None = None  # the clip's transcript (ICL); None: x-vector only
+
+    @property
+    def icl(self) -> bool:
+        return self.ref_codes is not None and bool(self.ref_text)
+
+
+@torch.inference_mode()
+def build_clone_prompt(
+    talker: Talker,
+    cfg: TTSConfig,
+    text_ids: list[int],
+    voice: ClonedVoice,
+    language: str,
+    text_layout: str = "non-streaming",
+    ref_ids: list[int] | None = None,
+) -> Prompt:
+    """Prefill rows of a Base model speaking `text_ids` (see `wrap_text`) in `voice`.
+
+    The x-vector takes the speaker slot of the control rows. x-vector only: the text rows follow as for
+    CustomVoice. ICL (`ref_ids`: tokens of `wrap_ref_text(voice.ref_text)`): reference + target text tokens and
+    EOS_T on the text track, codec_bos + the reference frames (16 code embeddings summed) on the codec track;
+    non-streaming puts the text (over codec_pad) before the frames (over PAD), streaming adds the two tracks row by
+    row, the longer track's rest trailing (text) or PAD."""
+    if len(text_ids) < 9:
+        raise InputError("there is no text to speak", hint="give some words, e.g. leapvox speak \"Hello\"")
+    dev = talker.device
+    ids = torch.tensor([text_ids], device=dev)  # [1, n]
+    special = torch.tensor([[cfg.tts_bos_token_id, cfg.tts_eos_token_id, cfg.tts_pad_token_id]], device=dev)
+    bos, eos, pad = talker.embed_text(special).chunk(3, dim=1)  # 3 x [1, 1, H]
+    prefix = talker.embed_codec(torch.tensor([control_prefix(cfg, None, language)], device=dev))  # [1, P, H]
+    xvec = voice.xvector.to(dev, prefix.dtype).view(1, 1, -1)
+    codec = torch.cat([prefix[:, :-2], xvec, prefix[:, -2:]], dim=1)  # [1, P + 1, H]
+    control = torch.cat([pad.expand(-1, codec.shape[1] - 2, -1), bos], dim=1) + codec[:, :-1]
+    rows = [talker.embed_text(ids[:, :3]), control]
+    n_text = ids.shape[1] - 8
+    if not (voice.icl and ref_ids):
+        embeds, trailing = _text_rows(talker, cfg, ids, codec[:, -1:], eos, pad, text_layout)
+        return Prompt(torch.cat(rows + [embeds], dim=1), trailing, pad, n_text)
+    if text_layout not in TEXT_LAYOUTS:
         raise InputError(f"unknown text layout {text_layout!r}", hint=f"use one of {', '.join(TEXT_LAYOUTS)}")
-    return Prompt(torch.cat(rows, dim=1), trailing, pad, body.shape[1])
+    ref = torch.tensor([ref_ids], device=dev)[:, 3:-2]
+    text = torch.cat([talker.embed_text(torch.cat([ref, ids[:, 3:-5]], dim=1)), eos], dim=1)  # [1, Nt, H]
+    frames = talker.embed_frame(voice.ref_codes.to(dev)).transpose(0, 1)  # [1, T, H]
+    codes = torch.cat([talker.embed_codec(torch.tensor([[cfg.talker.codec_bos_id]], device=dev)), frames], dim=1)
+    nt, nc = text.shape[1], codes.shape[1]
+    if text_layout == "non-streaming":
+        pad_codes = talker.embed_codec(torch.full((1, nt), cfg.talker.codec_pad_id, device=dev))
+        icl, trailing = torch.cat([text + pad_codes, codes + pad], dim=1), pad
+    elif nt > nc:
+        icl, trailing = text[:, :nc] + codes, text[:, nc:]
+    else:
+        icl, trailing = torch.cat([text] + [pad] * (nc - nt), dim=1) + codes, pad
+    return Prompt(torch.cat(rows + [icl], dim=1), trailing, pad, n_text)

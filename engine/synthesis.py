@@ -21,7 +21,7 @@ from .config import TTSConfig
 from .decode import ArCodes, DecodeStats, SpecCodes, frame_loop
 from .errors import InputError
 from .options import SynthesisOptions, guard_frames, validate
-from .prompt import Prompt, build_prompt, wrap_instruct, wrap_text
+from .prompt import ClonedVoice, Prompt, build_clone_prompt, build_prompt, wrap_instruct, wrap_ref_text, wrap_text
 from .spec import DraftPlan
 from .streaming import CROSSFADE_S, FIRST_CHUNK_FRAMES, MAX_CHUNK_FRAMES, Joiner, SpeechChunk, StreamStats, Tally
 from .talker import Talker, TTSModel
@@ -106,11 +106,13 @@ class Synthesizer:
         """Token ids of the wrapped prompt text (after the model's front end, if it has one)."""
         return self.tokenize(wrap_text(self.frontend(text) if self.frontend else text))
 
-    def generate_codes(self, text: str, opts: SynthesisOptions) -> tuple[torch.Tensor, DecodeStats, list[str]]:
+    def generate_codes(
+        self, text: str, opts: SynthesisOptions, voice: ClonedVoice | None = None
+    ) -> tuple[torch.Tensor, DecodeStats, list[str]]:
         """Codes [F, 16] of `text` as ONE utterance (no sentence split, as the official package); also the
-        decoding counters and any warnings for the user."""
+        decoding counters and any warnings for the user. `voice`: a cloned voice (Base models)."""
         stats, warnings = DecodeStats(), []
-        frames = list(self.frames(text, opts, stats, warnings))
+        frames = list(self.frames(text, opts, stats, warnings, voice=voice))
         codes = torch.stack(frames) if frames else torch.zeros((0, 16), dtype=torch.long)
         return codes, stats, warnings
 
@@ -140,19 +142,15 @@ class Synthesizer:
         stats: DecodeStats,
         warnings: list[str],
         generator: torch.Generator | None = None,
+        voice: ClonedVoice | None = None,
     ) -> Iterator[torch.Tensor]:
         """Frames [16] of one utterance as the mode's loop produces them: the one loop behind `generate_codes`
         and the stream. Fills `stats` and appends to `warnings` as it goes. `generator` continues a random stream
-        (several sentences); by default one is made from `opts.seed`."""
+        (several sentences); by default one is made from `opts.seed`. `voice`: the cloned voice a Base model
+        speaks in (it needs one; other model types take none)."""
         opts = validate(opts, self.cfg)
-        instruct_ids = None
-        if opts.instruct and not self.cfg.supports_instruct:
-            warnings.append("this model size ignores --instruct (only 1.7B models follow instructions)")
-        elif opts.instruct:
-            instruct_ids = self.tokenize(wrap_instruct(opts.instruct))
-        ids = self.text_ids(text)
+        prompt = self.prompt(text, opts, warnings, voice)
         talker = self.tts.talker
-        prompt = build_prompt(talker, self.cfg, ids, opts.speaker, opts.language, opts.text_layout, instruct_ids)
         cap = opts.max_frames
         per_token = self.cfg.leapvox_guard_frames_per_token
         guard = guard_frames(prompt.n_text_tokens, per_token) if opts.runaway_guard else cap
@@ -170,13 +168,38 @@ class Synthesizer:
                 "text tokens, without an end of speech (--no-guard lifts this cap)"
             )
 
+    def prompt(self, text: str, opts: SynthesisOptions, warnings: list[str], voice: ClonedVoice | None) -> Prompt:
+        """The prefill rows of `text` for validated `opts`: CustomVoice / VoiceDesign (speaker, instruct) or a Base
+        model's cloned voice."""
+        check_voice(self.cfg, voice, opts.instruct)
+        ids = self.text_ids(text)
+        if voice is not None:
+            ref_ids = self.tokenize(wrap_ref_text(voice.ref_text)) if voice.icl else None
+            return build_clone_prompt(self.tts.talker, self.cfg, ids, voice, opts.language, opts.text_layout, ref_ids)
+        instruct_ids = None
+        if opts.instruct and not self.cfg.supports_instruct:
+            warnings.append("this model size ignores --instruct (only 1.7B models follow instructions)")
+        elif opts.instruct:
+            instruct_ids = self.tokenize(wrap_instruct(opts.instruct))
+        return build_prompt(self.tts.talker, self.cfg, ids, opts.speaker, opts.language, opts.text_layout,
+                            instruct_ids)
+
     @torch.inference_mode()
-    def decode(self, codes: torch.Tensor) -> np.ndarray:
-        """Codes [F, 16] -> float32 waveform, with the reference 300/25-frame chunking."""
+    def decode(self, codes: torch.Tensor, ref_codes: torch.Tensor | None = None) -> np.ndarray:
+        """Codes [F, 16] -> float32 waveform, with the reference 300/25-frame chunking. With `ref_codes` (an ICL
+        voice) they are decoded in front of `codes` and their audio cut off, exactly at the frame boundary."""
         if codes.shape[0] == 0:
             return np.zeros(0, dtype=np.float32)
+        ref = 0 if ref_codes is None else ref_codes.shape[0]
+        if ref:
+            codes = torch.cat([ref_codes.to(codes.device), codes])
         wav = self.codec.chunked_decode(codes.T[None].to(self.codec_device))  # [1, 1, N]
-        return wav.reshape(-1).float().cpu().numpy()
+        return wav.reshape(-1)[ref * self.samples_per_frame :].float().cpu().numpy()
+
+    @property
+    def samples_per_frame(self) -> int:
+        cfg = getattr(self.codec, "config", None)
+        return getattr(cfg, "samples_per_frame", None) or getattr(cfg, "hop_length", None) or 1920
 
     @property
     def codec_device(self) -> torch.device:
@@ -192,6 +215,7 @@ class Synthesizer:
         max_chunk: int = MAX_CHUNK_FRAMES,
         crossfade_s: float = CROSSFADE_S,
         cancelled: Callable[[], bool] | None = None,
+        voice: ClonedVoice | None = None,
     ) -> Iterator[SpeechChunk]:
         """Speak `text` as a stream of SpeechChunks, checking `cancelled()` after every frame.
 
@@ -199,8 +223,13 @@ class Synthesizer:
         random stream, one speaker and one set of options; the runaway guard applies to each. Chunks grow from
         `first_chunk` to `max_chunk` frames. The codec decodes with the official 300/25 chunking, so for one
         sentence the concatenated audio equals `decode(generate_codes(...))` bit for bit. Memory stays bounded
-        whatever the text's length: one sentence's frames at a time. The last chunk has `final=True`."""
+        whatever the text's length: one sentence's frames at a time. The last chunk has `final=True`.
+
+        `voice` (Base models): every sentence is spoken in that cloned voice; with an ICL voice the codec is primed
+        with the reference codes first (their audio is not handed out), so the speech continues the clip's signal
+        without a seam, as the official package decodes reference + output and cuts the reference off."""
         opts = validate(opts, self.cfg)
+        check_voice(self.cfg, voice, opts.instruct)
         sentences = split_sentences(text) if split else [" ".join(text.split())]
         if not sentences or not sentences[0]:
             raise InputError("the text is empty", hint="give some words to speak")
@@ -215,6 +244,7 @@ class Synthesizer:
         sampling = opts.talker.do_sample or opts.predictor.do_sample
         generator = make_generator(opts.seed) if sampling else None
         codec = self.codec.stream(official_chunking=True)
+        primed = primed_codec(codec, voice.ref_codes.T[None].to(self.codec_device)) if voice and voice.icl else None
         joiner = Joiner(int(round(crossfade_s * sr)))
         size, stop = first_chunk, False
 
@@ -235,9 +265,12 @@ class Synthesizer:
             return SpeechChunk(audio, sr, codes, index, tally.snapshot(sr), final)
 
         for index, sentence in enumerate(sentences):
-            codec.reset()
+            if primed is None:
+                codec.reset()
+            else:
+                setattr_all(codec, primed)
             stats = tally.begin(index)
-            frames = self.frames(sentence, opts, stats, tally.warnings, generator)
+            frames = self.frames(sentence, opts, stats, tally.warnings, generator, voice)
             pending: list[torch.Tensor] = []
             try:
                 for frame in frames:
@@ -267,3 +300,37 @@ class Synthesizer:
             stats = c.stats
         return Synthesis(torch.cat(codes), np.concatenate(audio), self.sample_rate, stats, list(stats.warnings),
                          stats.elapsed_s)
+
+
+def check_voice(cfg: TTSConfig, voice: ClonedVoice | None, instruct: str | None) -> None:
+    """A Base model speaks only in a cloned voice and takes no instruction; other model types take no cloned voice."""
+    if cfg.tts_model_type == "base":
+        if voice is None:
+            raise InputError("this Base model speaks in a cloned voice", hint="give --voice NAME (leapvox voices add) "
+                             "or --ref-audio CLIP [--ref-text ...]")
+        if instruct:
+            raise InputError("a Base model takes no --instruct", hint="style instructions need a CustomVoice 1.7B or "
+                             "VoiceDesign model")
+    elif voice is not None:
+        raise InputError(f"a {cfg.tts_model_type} model cannot speak in a cloned voice (that needs a Base model)",
+                         hint="voice cloning needs a Base model, e.g. --model qwen3-tts-0.6b-base")
+
+
+def primed_codec(codec, ref: torch.Tensor) -> dict:
+    """The state of `codec` (a CodecStream) after decoding the reference codes `ref` [1, 16, T] from a reset: taken
+    once, restored before every sentence (the reference's audio is discarded)."""
+    import copy
+
+    codec.reset()
+    codec.push(ref)
+    keep = {id(m): m for m in codec.decoder.modules()}  # share the network, copy the state
+    return copy.deepcopy({k: v for k, v in vars(codec).items() if k != "decoder"}, keep)
+
+
+def setattr_all(obj, state: dict) -> None:
+    """Restore a `primed_codec` state (a fresh copy each time: the stream then updates it)."""
+    import copy
+
+    keep = {id(m): m for m in obj.decoder.modules()}
+    for k, v in copy.deepcopy(state, keep).items():
+        setattr(obj, k, v)

@@ -1,4 +1,5 @@
-"""Load a Qwen3-TTS 12 Hz CustomVoice checkpoint folder (Hugging Face layout) into engine networks.
+"""Load a Qwen3-TTS 12 Hz checkpoint folder (Hugging Face layout) into engine networks: CustomVoice, VoiceDesign or
+Base (config.json's tts_model_type; Base adds the speaker encoder and uses the speech tokenizer's encoder to clone).
 
 Weights are read with safetensors (memory-mapped, never pickle) into modules built on the meta device,
 by their exact official key names. Anything missing, unexpected or mis-shaped is one clear error naming the
@@ -20,7 +21,8 @@ from leapvox.engine.config import TTSConfig
 from leapvox.engine.demo_codec import DemoCodec, DemoCodecConfig
 from leapvox.engine.errors import CheckpointError
 from leapvox.engine.options import SynthesisOptions
-from leapvox.engine.quant import WEIGHT_FORMATS, quantize_model
+from leapvox.engine.prompt import ClonedVoice
+from leapvox.engine.quant import QUANT_FORMATS, WEIGHT_FORMATS, quantize_model
 from leapvox.engine.sampling import SamplingParams
 from leapvox.engine.spec import DraftPlan
 from leapvox.engine.synthesis import Synthesizer
@@ -31,7 +33,10 @@ from .paths import check_folder
 from .spec_assets import load_offsets, load_tree
 from .tokenizer import TextTokenizer
 
-CODEC_PREFIX = "decoder."  # the speech tokenizer file also holds the encoder, unused for synthesis
+CODEC_PREFIX = "decoder."  # the speech tokenizer file also holds the encoder (Base models: cloning)
+ENCODER_PREFIX = "encoder."
+SPEAKER_PREFIX = "speaker_encoder."  # Base models' model.safetensors
+MODEL_TYPES = ("custom_voice", "voice_design", "base")  # config.json tts_model_type values leapvox speaks with
 DTYPES = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16}
 
 
@@ -47,7 +52,7 @@ class LoadedModel:
     tokenizer: TextTokenizer
     defaults: SynthesisOptions
     sample_rate: int
-    weights: str = "fp32"  # weight format: fp32, bf16 or int8 (engine.quant)
+    weights: str = "fp32"  # weight format: fp32, bf16, int8 or w8a8 (engine.quant)
     plan: DraftPlan = field(default_factory=DraftPlan)  # spec mode's draft tree and trained offsets
     backend: object = None  # None = torch (engine.backend.TorchBackend); a coreml_runtime.CoreMLBackend for ane
 
@@ -55,9 +60,26 @@ class LoadedModel:
     def backend_name(self) -> str:
         return getattr(self.backend, "name", "cpu")
 
+    encoders: dict = field(default_factory=dict, compare=False, repr=False)  # Base: loaded on first clone()
+
     def synthesizer(self) -> Synthesizer:
         return Synthesizer(self.tts, self.codec, self.config, self.tokenizer, self.sample_rate, self.plan,
                            self.tokenizer.frontend, self.backend)
+
+    @property
+    def model_type(self) -> str:
+        return self.config.tts_model_type
+
+    def clone(self, wav: torch.Tensor, ref_text: str | None = None) -> ClonedVoice:
+        """A Base model's voice from a prepared 24 kHz clip [N]: its x-vector, and with `ref_text` (ICL) its codes.
+        The encoders (speaker encoder, speech-tokenizer encoder) load on the first call, in fp32."""
+        if self.model_type != "base":
+            raise CheckpointError(f"{self.path} is a {self.model_type} model; only Base models clone voices")
+        if not self.encoders:
+            self.encoders.update(load_encoders(self.path))
+        xvector = self.encoders["speaker"].embed(wav).float()
+        codes = self.encoders["speech"].encode(wav) if ref_text else None
+        return ClonedVoice(xvector, codes, ref_text or None)
 
 
 def draft_plan(folder: Path, hidden: int, backend: str = "cpu", device: str = "cpu") -> DraftPlan:
@@ -177,12 +199,35 @@ def load_config(folder: Path) -> TTSConfig:
         cfg = TTSConfig.from_dict(raw)
     except TypeError as e:
         raise CheckpointError(f"config.json in {folder} lacks a required value: {e}") from None
-    if cfg.tts_model_type != "custom_voice":
+    if cfg.tts_model_type not in MODEL_TYPES:
         raise CheckpointError(
-            f"{folder} is a {cfg.tts_model_type!r} model; leapvox speaks with CustomVoice models",
-            hint="use a *-CustomVoice checkpoint",
+            f"{folder} is a {cfg.tts_model_type!r} model; leapvox speaks with {', '.join(MODEL_TYPES)} models",
+            hint="use a Qwen3-TTS 12 Hz CustomVoice, VoiceDesign or Base checkpoint",
         )
+    if cfg.tts_model_type == "base" and not isinstance(raw.get("speaker_encoder_config"), dict):
+        raise CheckpointError(f"config.json in {folder} is a Base model's but has no speaker_encoder_config",
+                              hint="download the model again")
     return cfg
+
+
+def load_encoders(folder: Path) -> dict[str, nn.Module]:
+    """A Base model's speaker encoder (model.safetensors, `speaker_encoder.*`) and speech-tokenizer encoder
+    (speech_tokenizer/model.safetensors, `encoder.*`), fp32, on the CPU."""
+    from leapvox.engine.speaker_encoder import SpeakerEncoder, SpeakerEncoderConfig
+    from leapvox.engine.speech_encoder import SpeechEncoder, SpeechEncoderConfig
+
+    speech = folder / "speech_tokenizer"
+    try:
+        spk_cfg = SpeakerEncoderConfig.from_dict(read_json(folder / "config.json").get("speaker_encoder_config") or {})
+        enc_cfg = SpeechEncoderConfig.from_dict(read_json(speech / "config.json"))
+        with torch.device("meta"):
+            speaker, encoder = SpeakerEncoder(spk_cfg), SpeechEncoder(enc_cfg)
+    except (TypeError, ValueError) as e:
+        raise CheckpointError(f"the encoder configs in {folder} are not usable: {e}") from None
+    load_weights(speaker, read_tensors(_weight_files(folder, "model"), SPEAKER_PREFIX), SPEAKER_PREFIX, torch.float32)
+    load_weights(encoder, read_tensors(_weight_files(speech, "model"), ENCODER_PREFIX), ENCODER_PREFIX,
+                 torch.float32)
+    return {"speaker": speaker.eval(), "speech": encoder.eval()}
 
 
 def load_codec(speech: Path, dtype) -> tuple[nn.Module, int]:
@@ -214,23 +259,25 @@ def weight_formats() -> list[str]:
 def load_checkpoint(path: str | Path, weights: str = "fp32", device: str = "cpu") -> LoadedModel:
     """Load config, weights, text tokenizer, codec decoder and spec assets from a checkpoint folder.
 
-    `weights` is a weight format: fp32, bf16, or int8 (the file's weights quantized to 8-bit for the talker's and
+    `weights` is a weight format: fp32, bf16, int8 or w8a8 (the file's weights quantized to 8-bit for the talker's and
     predictor's linears, fp32 for the rest; engine.quant). The model runs on the torch engine; for a ready model
     by name with a backend, use models.load.load_model."""
     folder = check_folder(Path(path))
     weights = {"float32": "fp32", "bfloat16": "bf16"}.get(weights, weights)
     if weights not in WEIGHT_FORMATS:
         raise ValueError(f"unknown weight format {weights!r}; choose from {', '.join(WEIGHT_FORMATS)}")
-    dtype = torch.float32 if weights == "int8" else DTYPES[weights]
+    dtype = torch.float32 if weights in QUANT_FORMATS else DTYPES[weights]
     cfg = load_config(folder)
     speech = folder / "speech_tokenizer"
     with torch.device("meta"):
         tts = TTSModel(cfg.talker)
     tensors = read_tensors(_weight_files(folder, "model"))
-    if weights == "int8":  # quantize from the file's own dtype (no fp32 copy of every weight), then fp32 the rest
+    if cfg.tts_model_type == "base":  # the speaker encoder loads with the other encoder, on the first clone
+        tensors = {k: v for k, v in tensors.items() if not k.startswith(SPEAKER_PREFIX)}
+    if weights in QUANT_FORMATS:  # quantize from the file's own dtype (no fp32 copy of each weight), then fp32 the rest
         load_weights(tts, tensors, "", None)
         del tensors
-        quantize_model(tts, "int8")
+        quantize_model(tts, weights)
         text_table = tts.talker.model.text_embedding.weight  # the biggest table (0.6B: 151936 x 2048) stays as
         for p in tts.parameters():  # stored and mapped: a prompt reads a few rows, Talker.embed_text upcasts them
             if p is not text_table:

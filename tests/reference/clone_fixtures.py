@@ -1,8 +1,9 @@
 """Base (voice cloning) and VoiceDesign fixtures: part of make_fixtures.py (`--only clone`), run in the reference
 virtualenv with the official qwen-tts 0.1.1. The leapvox product never imports this.
 
-Builds tiny-base-0b6, tiny-base-1b7 (speaker encoder included; the speech tokenizer, encoder and decoder, is the
-same blob as tiny-0b6's) and tiny-voicedesign (1b7 shapes, no speakers), then records through the OFFICIAL wrapper:
+Builds tiny-base-0b6, tiny-base-1b7 (speaker encoder included; the speech tokenizer has tiny-0b6's decoder and an
+encoder with data-driven codebooks, one blob in all three folders) and tiny-voicedesign (1b7 shapes, no speakers),
+then records through the OFFICIAL wrapper:
   - the fixture clips (clone_clip.wav, 24 kHz float32) and the official mel of the main clip,
   - speaker embeddings of the clip (both Base sizes), speech-tokenizer encoder codes of the clips,
   - seeded x-vector-only and ICL cloning (both text layouts) and voice-design cases: codes, prompt rows,
