@@ -20,6 +20,7 @@ COMMANDS = {
     "speak": ("leapvox.app.speak", "synthesise text to a WAV file, standard output or the speakers"),
     "speakers": ("leapvox.app.speak", "list a model's speakers and languages"),
     "devices": ("leapvox.app.speak", "list audio output devices (for --device)"),
+    "voices": ("leapvox.app.voices", "cloned voices of a Base model: add from a clip, list, show, remove"),
     "tui": ("leapvox.app.tui.command", "interactive window: type, speak, live speed readouts, history"),
     "serve": ("leapvox.app.serve", "a local speech server speaking OpenAI's audio API (POST /v1/audio/speech)"),
     "compare": ("leapvox.app.compare", "speak one text through every decoding mode; table, WAVs, JSON (and a plot)"),

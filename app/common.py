@@ -13,7 +13,7 @@ from leapvox.engine.options import BACKEND_CHOICES, COMPUTE_UNIT_CHOICES
 from leapvox.models.catalog import default_model
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
-WEIGHT_CHOICES = ("fp32", "bf16", "int8")  # engine.quant.WEIGHT_FORMATS (torch-free here, checked by a test)
+WEIGHT_CHOICES = ("fp32", "bf16", "int8", "w8a8")  # engine.quant.WEIGHT_FORMATS (torch-free here, checked by a test)
 DEFAULT_WEIGHTS = "int8"  # --weights default: the fastest on CPU, fidelity measured (tests/benchmarks/README.md)
 
 
@@ -230,7 +230,38 @@ def precheck_speak(args) -> None:
     except NotCachedError:
         return
     cfg = load_config(folder)
+    check_voice_flags(args, cfg, folder)
     validate(speak_options(args, model_defaults(folder, cfg)), cfg)
+
+
+def check_voice_flags(args, cfg, folder=None) -> None:
+    """--voice / --ref-audio / --ref-text / --instruct / --speaker against the model type (config.json), as usage
+    errors (exit 2) before any loading: Base models speak only in a cloned voice and take no instruction or speaker;
+    the others take no cloned voice. With `folder`, a saved --voice is checked too (missing, damaged)."""
+    voice, ref_audio = getattr(args, "voice", None), getattr(args, "ref_audio", None)
+    if voice and ref_audio is not None:
+        raise UsageError("give --voice or --ref-audio, not both")
+    if getattr(args, "ref_text", None) is not None and ref_audio is None:
+        raise UsageError("--ref-text goes with --ref-audio", hint="it says what the reference clip says")
+    kind, name = cfg.tts_model_type, getattr(args, "model", None)
+    if kind != "base":
+        if voice or ref_audio is not None:
+            raise UsageError(f"{'--voice' if voice else '--ref-audio'} clones a voice, which needs a Base model; "
+                             f"{name} is a {kind} model", hint="use --model qwen3-tts-0.6b-base (or 1.7b-base)")
+        return
+    if getattr(args, "instruct", None):
+        raise UsageError("a Base model takes no --instruct", hint="describe a voice in words with --model "
+                         "qwen3-tts-1.7b-voicedesign, or clone one here with --voice / --ref-audio")
+    if getattr(args, "speaker", None):
+        raise UsageError("a Base model has no built-in speakers (--speaker)", hint="clone a voice with --voice NAME "
+                         "(leapvox voices add) or --ref-audio CLIP")
+    if not voice and ref_audio is None:
+        raise UsageError(f"{name} is a Base model: it speaks in a cloned voice",
+                         hint="give --voice NAME (see leapvox voices) or --ref-audio CLIP [--ref-text ...]")
+    if voice and folder is not None:
+        from leapvox.models.voices import load_voice, model_key
+
+        load_voice(model_key(folder), voice, cfg.talker.hidden_size)  # missing or damaged: one line now
 
 
 def speak_options(args, defaults):

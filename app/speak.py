@@ -39,7 +39,9 @@ def add_commands(sub) -> None:
         epilog='examples:\n  leapvox speak "Hello there." -o hello.wav\n'
         "  echo 'Hi.' | leapvox speak - -o - > hi.wav\n"
         "  leapvox speak -f story.txt -o story.wav --model qwen3-tts-0.6b\n"
-        '  leapvox speak "Hello." --play',
+        '  leapvox speak "Hello." --play\n'
+        '  leapvox speak --voice me "Hello." -o x.wav --model qwen3-tts-0.6b-base   (see leapvox voices)\n'
+        '  leapvox speak --instruct "A warm, low voice." "Hello." -o x.wav --model qwen3-tts-1.7b-voicedesign',
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     s.add_argument("text", nargs="?", help="text to speak; '-' reads standard input")
@@ -50,7 +52,13 @@ def add_commands(sub) -> None:
     model_args(s)
     s.add_argument("--speaker", help="voice to use (see 'leapvox speakers'); default: the model's first")
     s.add_argument("--language", default="auto", help="language of the text, or 'auto' (default)")
-    s.add_argument("--instruct", help="style instruction (1.7B models only; 0.6B ignores it with a warning)")
+    s.add_argument("--instruct", help="style instruction (1.7B CustomVoice models; 0.6B ignores it with a warning), "
+                   "or the voice described in words (VoiceDesign models)")
+    s.add_argument("--voice", help="Base models: a saved cloned voice (see 'leapvox voices')")
+    s.add_argument("--ref-audio", type=Path, metavar="CLIP",
+                   help="Base models: clone the voice of this clip (wav, flac, ogg, mp3; 1-30 s) for this run")
+    s.add_argument("--ref-text", help="with --ref-audio: what the clip says (ICL, closest to the clip); without it "
+                   "the voice is cloned from the speaker embedding alone")
     s.add_argument("--seed", type=int, help="random seed; the same seed gives the same codes as the official package")
     s.add_argument("--temperature", type=float, help="sampling temperature for all codes (default 0.9)")
     s.add_argument("--top-k", type=int, help="keep the K most likely codes (default 50; 0 disables)")
@@ -176,17 +184,19 @@ def cmd_speak(args) -> int:
     text = read_text(args)
     _check_output(args)
     precheck_speak(args)  # a bad --temperature, --speaker or --language: one line now, not after the load
+    ref_wav = _reference(args)  # a bad clip: one line now, not after the load
     writer = _open_writer(args)
     player, codes, stats = None, [], None
     progress = Progress(False)
     try:
         model = load(args, pull=True, say=quiet_or(args))
         opts = speak_options(args, model.defaults)
+        voice = _voice(args, model, ref_wav)
         player = _open_player(args, model.sample_rate) if args.play else None
         progress = Progress(sys.stderr.isatty() and not args.quiet and player is None)
         if writer is not None:
             _output(args, writer.start, model.sample_rate)
-        for chunk in model.synthesizer().stream(text, opts):
+        for chunk in model.synthesizer().stream(text, opts, voice=voice):
             if player is not None:
                 player.feed(chunk.audio, chunk.stats.xrt, chunk.stats.est_remaining_s)
             if writer is not None:
@@ -217,6 +227,26 @@ def cmd_speak(args) -> int:
     return EXIT_OK
 
 
+def _reference(args):
+    """--ref-audio's clip, read and prepared (app.voices.read_reference), or None."""
+    if getattr(args, "ref_audio", None) is None:
+        return None
+    from leapvox.app.voices import read_reference
+
+    return read_reference(args.ref_audio)
+
+
+def _voice(args, model, ref_wav):
+    """The cloned voice of --voice (saved) or --ref-audio (encoded now), or None."""
+    if getattr(args, "voice", None):
+        from leapvox.models.voices import load_voice, model_key
+
+        return load_voice(model_key(model.path), args.voice, model.config.talker.hidden_size)
+    if ref_wav is not None:
+        return model.clone(ref_wav, args.ref_text)
+    return None
+
+
 def _write_codes(path: Path, codes: list) -> None:
     import json
 
@@ -242,16 +272,26 @@ def cmd_speakers(args) -> int:
     from leapvox.models.checkpoint import load_config
     from leapvox.models.hub import resolve_model_path
 
-    cfg = load_config(resolve_model_path(require_model(args), pull=False))
+    folder = resolve_model_path(require_model(args), pull=False)
+    cfg = load_config(folder)
     tc = cfg.talker
     print("speakers:")
+    if cfg.tts_model_type == "base":
+        from leapvox.models.voices import list_voices, model_key
+
+        saved = list_voices(model_key(folder))
+        print("  (a Base model speaks in cloned voices; saved ones: "
+              f"{', '.join(v.name for v in saved) or 'none yet, see leapvox voices add'})")
+    elif cfg.tts_model_type == "voice_design":
+        print("  (none: a VoiceDesign model takes the voice described in words, --instruct \"...\")")
     for name in tc.spk_id:
         dialect = tc.spk_is_dialect.get(name)
         print(f"  {name}" + (f"  (speaks {dialect} for chinese/auto)" if dialect else ""))
     print("languages:")
     for lang in cfg.languages:
         print(f"  {lang}")
-    print(f"instruct: {'yes' if cfg.supports_instruct else 'no (ignored by this model size)'}")
+    instruct = "no (ignored by this model size)" if not cfg.supports_instruct else "yes"
+    print(f"instruct: {'no (Base models take none)' if cfg.tts_model_type == 'base' else instruct}")
     return EXIT_OK
 
 

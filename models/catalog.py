@@ -48,6 +48,7 @@ class CatalogEntry:
     languages: tuple[str, ...] = LANGUAGES
     instruct: bool = False
     bundled: Path | None = None  # folder inside the package, for models shipped with leapvox
+    model_type: str = "custom_voice"  # config.json tts_model_type: custom_voice, base (clones) or voice_design
 
 
 CATALOG: dict[str, CatalogEntry] = {
@@ -66,6 +67,34 @@ CATALOG: dict[str, CatalogEntry] = {
         revision="0c0e3051f131929182e2c023b9537f8b1c68adfe",
         size_bytes=4_500_000_000,
         instruct=True,
+    ),
+    "qwen3-tts-0.6b-base": CatalogEntry(
+        name="qwen3-tts-0.6b-base",
+        description="Qwen3-TTS 12 Hz 0.6B Base: clones a voice from a few seconds of audio (leapvox voices add)",
+        repo_id="Qwen/Qwen3-TTS-12Hz-0.6B-Base",
+        revision="5d83992436eae1d760afd27aff78a71d676296fc",
+        size_bytes=2_520_000_000,  # the Hub's listing: 2.52 GB
+        speakers=(),
+        model_type="base",
+    ),
+    "qwen3-tts-1.7b-base": CatalogEntry(
+        name="qwen3-tts-1.7b-base",
+        description="Qwen3-TTS 12 Hz 1.7B Base: clones a voice from a few seconds of audio (leapvox voices add)",
+        repo_id="Qwen/Qwen3-TTS-12Hz-1.7B-Base",
+        revision="fd4b254389122332181a7c3db7f27e918eec64e3",
+        size_bytes=4_540_000_000,  # estimate: 1.7B CustomVoice + the 12M-parameter speaker encoder
+        speakers=(),
+        model_type="base",
+    ),
+    "qwen3-tts-1.7b-voicedesign": CatalogEntry(
+        name="qwen3-tts-1.7b-voicedesign",
+        description="Qwen3-TTS 12 Hz 1.7B VoiceDesign: a voice described in words (speak --instruct \"...\")",
+        repo_id="Qwen/Qwen3-TTS-12Hz-1.7B-VoiceDesign",
+        revision="5ecdb67327fd37bb2e042aab12ff7391903235d3",
+        size_bytes=4_500_000_000,  # estimate: same architecture and files as 1.7B CustomVoice
+        speakers=(),
+        instruct=True,
+        model_type="voice_design",
     ),
     "demo": CatalogEntry(
         name="demo",
