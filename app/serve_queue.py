@@ -253,6 +253,8 @@ class SpeechQueue:
         self.mean_job_s += (elapsed - self.mean_job_s) / done
         self.last = _numbers(outcome, elapsed, stats)
         self.log.info("speech %s: %s, %s", outcome, job.summary, _describe(self.last))
+        for warning in stats.warnings if stats is not None else ():  # e.g. instructions on a model that ignores them
+            self.log.warning("speech: %s", warning)
 
 
 def _safe(fn, *a) -> None:
