@@ -135,6 +135,17 @@ def test_public_bind_without_key_refuses(host):
     assert f"refusing to listen on {host} without an API key" in lines[0] and "LEAPVOX_API_KEY" in lines[0]
 
 
+def test_loopback_and_keyed_public_bind():
+    from argparse import Namespace
+
+    from leapvox.app.serve import check_serve_args, is_loopback
+
+    assert all(map(is_loopback, ["127.0.0.1", "127.3.2.1", "::1", "[::1]", "localhost", "LOCALHOST"]))
+    assert not any(map(is_loopback, ["0.0.0.0", "::", "192.168.1.20", "example.com", "localhost.example.com"]))
+    base = dict(port=8880, queue=8, max_input=4096, max_frames=None, grace=10.0)
+    check_serve_args(Namespace(host="0.0.0.0", api_key="k", **base))  # a key: allowed
+
+
 def test_bad_port_and_taken_port():
     proc = subprocess.run(cli("serve", "--port", "70000"), capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and "--port must be in 0..65535" in proc.stderr
