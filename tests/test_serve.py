@@ -97,7 +97,19 @@ class Server:
 
 
 @pytest.fixture(scope="module")
-def server():
+def speaking():
+    """`leapvox speak TEXT -o - --seed 7` (a pipe: the streaming WAV header), fp32, the server's frame cap: started
+    before the server, so that the two model loads overlap."""
+    proc = subprocess.Popen(cli("speak", TEXT, "-o", "-", "--model", "demo", "--weights", "fp32", "--seed", "7",
+                                "--max-frames", str(MAX_FRAMES), "-q"), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    yield proc
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait()
+
+
+@pytest.fixture(scope="module")
+def server(speaking):
     s = Server("--model", "demo", "--weights", "fp32", "--queue", "2", "--max-frames", str(MAX_FRAMES), "--grace",
                "30", env={"LEAPVOX_API_KEY": KEY})
     yield s
@@ -105,12 +117,10 @@ def server():
 
 
 @pytest.fixture(scope="module")
-def spoken():
-    """`leapvox speak TEXT -o - --seed 7` (a pipe: the streaming WAV header), fp32, the server's frame cap."""
-    proc = subprocess.run(cli("speak", TEXT, "-o", "-", "--model", "demo", "--weights", "fp32", "--seed", "7",
-                              "--max-frames", str(MAX_FRAMES), "-q"), capture_output=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr.decode()
-    return proc.stdout
+def spoken(speaking):
+    out, err = speaking.communicate(timeout=600)
+    assert speaking.returncode == 0, err.decode()
+    return out
 
 
 def speech(client, text=TEXT, fmt="wav", **extra):
