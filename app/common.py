@@ -241,8 +241,11 @@ def check_voice_flags(args, cfg, folder=None) -> None:
     voice, ref_audio = getattr(args, "voice", None), getattr(args, "ref_audio", None)
     if voice and ref_audio is not None:
         raise UsageError("give --voice or --ref-audio, not both")
-    if getattr(args, "ref_text", None) is not None and ref_audio is None:
+    ref_text = getattr(args, "ref_text", None)
+    if ref_text is not None and ref_audio is None:
         raise UsageError("--ref-text goes with --ref-audio", hint="it says what the reference clip says")
+    if ref_text is not None and not ref_text.strip():
+        raise UsageError("--ref-text is empty", hint="give what the clip says, or leave --ref-text out (x-vector only)")
     kind, name = cfg.tts_model_type, getattr(args, "model", None)
     if kind != "base":
         if voice or ref_audio is not None:

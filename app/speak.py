@@ -243,7 +243,7 @@ def _voice(args, model, ref_wav):
 
         return load_voice(model_key(model.path), args.voice, model.config.talker.hidden_size)
     if ref_wav is not None:
-        return model.clone(ref_wav, args.ref_text)
+        return model.clone(ref_wav, " ".join(args.ref_text.split()) if args.ref_text else None)
     return None
 
 

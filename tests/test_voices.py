@@ -197,6 +197,7 @@ def test_damaged_saved_voice_via_cli(capsys, tmp_path):
     (["--model", BASE, "--voice", "a", "--ref-audio", CLIP], "not both"),
     (["--model", BASE, "--voice", "a", "--ref-text", "hi"], "--ref-text goes with --ref-audio"),
     (["--model", BASE, "--voice", "../x"], "invalid voice name"),
+    (["--model", BASE, "--ref-audio", CLIP, "--ref-text", " "], "--ref-text is empty"),
 ])
 def test_wrong_options_for_the_model_type_exit_2(tmp_path, capsys, monkeypatch, argv, message):
     monkeypatch.setattr(checkpoint, "load_checkpoint", lambda *a, **k: pytest.fail("loaded the model"))
@@ -215,3 +216,38 @@ def test_voice_design_instruct_through_the_cli(tmp_path, capsys):
                        "-o", out, "--model", DESIGN, "--weights", "fp32", *FAST)
     assert code == 0, err
     assert 0 < len(sf.read(out)[0]) <= 4 * 1920
+
+
+# ---- the TUI's voice picker ---------------------------------------------------------------------------------------
+
+
+def test_tui_lists_saved_voices_of_a_base_model_and_speaks_in_one(tmp_path, capsys):
+    import asyncio
+    from dataclasses import replace
+
+    from textual.widgets import Button, Select
+
+    from leapvox.app.tui.app import LeapvoxApp
+    from leapvox.app.tui.history import History
+    from leapvox.models.load import load_model
+
+    from .test_tui import fake_players, keys, until
+
+    assert run(capsys, "voices", "add", "me", CLIP, "--text", "Hello world, this is a test.", "--model", BASE)[0] == 0
+    model = load_model(BASE)
+    app = LeapvoxApp(model=model, options=replace(model.defaults, seed=1, max_frames=3).greedy(),
+                     player_factory=fake_players([]), save_dir=tmp_path)
+
+    async def go():
+        async with app.run_test(size=(120, 40)) as pilot:
+            await until(pilot, lambda: not app.query_one("#speak", Button).disabled)
+            sel = app.query_one("#speaker", Select)
+            assert sel.value == "me"
+            await pilot.press(*keys("Hello."))
+            await pilot.click("#speak")
+            history = app.query_one(History)
+            await until(pilot, lambda: len(history.utterances) == 1)
+            return history.utterances[0]
+
+    u = asyncio.run(go())
+    assert u.speaker == "me" and 1 <= u.stats.frames <= 3 and len(u.audio) == u.stats.frames * 1920

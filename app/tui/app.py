@@ -145,8 +145,16 @@ class LeapvoxApp(App):
         self.options = self.options or self.model.defaults
         info = self.query_one(ModelInfo)
         info.path, info.state = str(self.model.path), "ready"
-        self.query_one(VoiceBar).set_choices(list(self.model.config.speakers), list(self.model.config.languages))
+        self.query_one(VoiceBar).set_choices(self._speakers(), list(self.model.config.languages))
         self.query_one("#speak", Button).disabled = False
+
+    def _speakers(self) -> list[str]:
+        """The speaker choices: a CustomVoice model's speakers, a Base model's saved voices (leapvox voices add)."""
+        if self.model.model_type != "base":
+            return list(self.model.config.speakers)
+        from leapvox.models.voices import list_voices, model_key
+
+        return [v.name for v in list_voices(model_key(self.model.path)) if v.mode != "damaged"]
 
     def on_model_failed(self, msg: ModelFailed) -> None:
         if not self.is_running:  # quitting: the worker's late messages find the widgets gone
@@ -170,9 +178,15 @@ class LeapvoxApp(App):
             self.notify("type some text first", severity="warning")
             return
         voice = self.query_one(VoiceBar).voice
-        opts = replace(self.options, speaker=voice.speaker or None, language=voice.language, mode=voice.mode)
+        base = self.model.model_type == "base"
+        opts = replace(self.options, speaker=None if base else voice.speaker or None, language=voice.language,
+                       mode=voice.mode)
+        if base and not voice.speaker:
+            self.notify("a Base model speaks in a saved voice: add one with leapvox voices add NAME CLIP --model ...",
+                        severity="warning")
+            return
         self._set_busy(True)
-        self.speak(text, opts, voice.backend)
+        self.speak(text, opts, voice.backend, voice.speaker if base else None)
 
     def action_stop(self) -> None:
         self.workers.cancel_group(self, "speak")
@@ -188,14 +202,16 @@ class LeapvoxApp(App):
         self.query_one("#stop", Button).disabled = not busy
 
     @work(thread=True, exclusive=True, group="speak", exit_on_error=False)
-    def speak(self, text: str, opts, backend: str) -> None:
+    def speak(self, text: str, opts, backend: str, saved_voice: str | None = None) -> None:
 
         worker = get_current_worker()
         player, audio, stats = None, [], None
         try:
             self._use_backend(backend)
             player = self._open_player()
-            for chunk in self.model.synthesizer().stream(text, opts, cancelled=lambda: worker.is_cancelled):
+            cloned = self._cloned_voice(saved_voice)
+            for chunk in self.model.synthesizer().stream(text, opts, cancelled=lambda: worker.is_cancelled,
+                                                         voice=cloned):
                 audio.append(chunk.audio)
                 stats = chunk.stats
                 if player is not None:
@@ -214,10 +230,18 @@ class LeapvoxApp(App):
                 player.close()
         self.spoken += 1
         wav = np.concatenate(audio) if audio else np.zeros(0, np.float32)
-        speaker = opts.speaker or self.model.config.speakers[0]
+        speaker = opts.speaker or saved_voice or (self.model.config.speakers or ["-"])[0]
         utterance = Utterance(self.spoken, text, speaker, opts.language, opts.mode, backend, wav,
                               self.model.sample_rate, stats, player.stats if player else None, worker.is_cancelled)
         self.post_message(SpeechFinished(utterance, cancelled=worker.is_cancelled))
+
+    def _cloned_voice(self, name: str | None):
+        """The saved voice `name` of a Base model (None: not a Base model)."""
+        if name is None:
+            return None
+        from leapvox.models.voices import load_voice, model_key
+
+        return load_voice(model_key(self.model.path), name, self.model.config.talker.hidden_size)
 
     def _play_out(self, player: Player, worker, stats) -> None:
         """Let the buffered audio play to the end, still answering Stop and refreshing the readout."""
