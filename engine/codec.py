@@ -101,10 +101,18 @@ def _rowwise(fn, x: torch.Tensor, min_rows: int = 16) -> torch.Tensor:
     return fn(F.pad(x, (0, 0, 0, -(-min_rows // B) - n)))[:, :n]
 
 
+def _onednn(x: torch.Tensor) -> bool:
+    """Whether oneDNN's convolution can take x (a CPU torch build with oneDNN, fp32 or bf16)."""
+    cpu = x.device.type == "cpu" and x.dtype in (torch.float32, torch.bfloat16)
+    return cpu and torch.backends.mkldnn.is_available()
+
+
 class CausalConv1d(nn.Module):
     """Stride-1 conv, left-padded by (k-1)*dilation so the length is kept and no output sees the future.
-    Dense convs run as im2col + matmul: oneDNN's direct conv rounds differently for different lengths, which
-    would make streamed output drift from one-shot output in the last bits."""
+    Dense convs run through oneDNN's direct convolution (`torch.mkldnn_convolution`), whose rounding of an output
+    sample does not depend on the length of the call, so streamed output equals one-shot output bit for bit
+    (F.conv1d is not: it picks other kernels for short inputs, and oneDNN's 1x1 kernels split by length, so 1x1
+    convs are one matmul). Without oneDNN: im2col + matmul, also length-independent, 2-3x slower."""
 
     def __init__(self, c_in: int, c_out: int, kernel: int, dilation: int = 1, groups: int = 1):
         super().__init__()
@@ -116,6 +124,13 @@ class CausalConv1d(nn.Module):
             x = _with_context(x, cache, self, self.pad)  # [B, C_in, pad + L]
         if self.conv.groups > 1:
             return self.conv(x)  # depthwise: its rounding does not depend on the length
+        if self.pad == 0:  # 1x1: one matmul; oneDNN's 1x1 kernels split the work (and rounding) by length
+            L = x.shape[-1]
+            x = F.pad(x, (0, 16 - L)) if L < 16 else x  # BLAS rounds a handful of columns differently
+            return (torch.matmul(self.conv.weight[..., 0], x) + self.conv.bias[:, None])[..., :L]
+        if _onednn(x):
+            x = x.contiguous()  # one layout in, one out, whatever the caller's strides (bf16 kernels follow them)
+            return torch.mkldnn_convolution(x, self.conv.weight, self.conv.bias, [0], [1], [self.dilation], 1)
         w, L, out = self.conv.weight.flatten(1).t(), x.shape[-1] - self.pad, []  # w: [C_in*k, C_out]
         for s in range(0, L, 4096):  # blocks bound the im2col copy
             win = x[..., s : min(s + 4096, L) + self.pad].unfold(-1, self.pad + 1, 1)[..., :: self.dilation]
@@ -157,8 +172,9 @@ class SnakeBeta(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [B, C, L]
         alpha = self.alpha.exp()[None, :, None]
-        beta = self.beta.exp()[None, :, None]
-        return x + (1.0 / (beta + 1e-9)) * torch.sin(x * alpha).pow(2)
+        inv_beta = 1.0 / (self.beta.exp()[None, :, None] + 1e-9)
+        s = torch.sin(x * alpha)
+        return torch.addcmul(x, s.mul_(s), inv_beta)  # three passes over x instead of five
 
 
 class ConvNeXtBlock(nn.Module):
@@ -350,7 +366,7 @@ class CodecDecoder(nn.Module):
         if codes.shape[-1] == 0:
             return self.pre_conv.conv.weight.new_zeros(codes.shape[0], 1, 0)
         h = self.quantizer.rvq_first(codes[:, :1]) + self.quantizer.rvq_rest(codes[:, 1:])  # [B, codebook_dim, n]
-        h = self.pre_conv(h, cache).transpose(1, 2)  # [B, n, latent]
+        h = self.pre_conv(h, cache).transpose(1, 2).contiguous()  # [B, n, latent]; row layout, as BLAS wants
         h = self.pre_transformer(h, cache).transpose(1, 2)  # [B, latent, n]
         for trans, convnext in self.upsample:
             h = convnext(trans(h, cache), cache)  # [B, latent, 4n] after both stages
