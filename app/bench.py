@@ -13,7 +13,7 @@ import statistics
 import sys
 from pathlib import Path
 
-from leapvox.app.common import WEIGHT_CHOICES, UsageError, tell
+from leapvox.app.common import WEIGHT_FORMATS, UsageError, tell
 from leapvox.engine.options import MODES
 from leapvox.models.catalog import default_model
 
@@ -37,7 +37,7 @@ def add_commands(sub) -> None:
         default=default_model(),
         help="catalog name, Hub repo or checkpoint folder (default: $LEAPVOX_MODEL, else the bundled demo model)",
     )
-    b.add_argument("--weights", default=",".join(WEIGHT_CHOICES), help="comma-separated weight formats (default all)")
+    b.add_argument("--weights", default=",".join(WEIGHT_FORMATS), help="comma-separated weight formats (default all)")
     b.add_argument("--modes", default=",".join(MODES), help="comma-separated decoding modes (default all)")
     b.add_argument("--rounds", type=int, default=3, help="interleaved rounds; medians are reported (default 3)")
     b.add_argument("--text", default=TEXT, help="the text to speak (default: two clauses, about 7 s of speech)")
@@ -124,7 +124,7 @@ def table(result: dict) -> str:
 def cmd_bench(args) -> int:
     from leapvox.app.common import require_model
 
-    weights = _list(args.weights, WEIGHT_CHOICES, "weight format")
+    weights = _list(args.weights, WEIGHT_FORMATS, "weight format")
     modes = _list(args.modes, MODES, "mode")
     if args.rounds < 1:
         raise UsageError("--rounds must be >= 1")

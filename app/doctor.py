@@ -86,10 +86,14 @@ def _probe_step(fmt: str, x, w):
     if fmt in DTYPES:
         xd, wd = x.to(DTYPES[fmt]), w.to(DTYPES[fmt])
         return lambda: F.linear(xd, wd)
-    if fmt == "int8":  # the layer `--weights int8` puts in the model, on the activations an int8 model passes it
-        from leapvox.engine.quant import Int8Linear, quantize_weight
+    if fmt in ("int8", "w8a8"):  # the layer `--weights fmt` puts in the model, on the activations it passes it
+        from torch import nn
 
-        layer = Int8Linear(*quantize_weight(w))
+        from leapvox.engine.quant import quantized_linear
+
+        linear = nn.Linear(w.shape[1], w.shape[0], bias=False)
+        linear.weight.data = w
+        layer = quantized_linear(linear, fmt)
         return lambda: layer(x)
     return None
 
@@ -101,6 +105,7 @@ def probe_formats(formats: list[str], budget_s: float = 0.06) -> dict:
     import torch
 
     from leapvox.app.common import DEFAULT_WEIGHTS
+    from leapvox.engine.quant import resolve_weights
 
     n_in, n_out = PROBE_SHAPE
     times: dict[str, float | None] = {}
@@ -138,6 +143,7 @@ def probe_formats(formats: list[str], budget_s: float = 0.06) -> dict:
         # formats within 10% of the fastest: too close for a quick probe to call
         "close": [k for k, v in timed.items() if k != fastest and v <= 1.1 * timed[fastest]],
         "default": DEFAULT_WEIGHTS,  # what --weights uses when not given
+        "default_here": resolve_weights(DEFAULT_WEIGHTS),  # the format that default is on this machine
     }
     if not_probed:
         out["not_probed"] = not_probed
@@ -391,7 +397,9 @@ def render(r: dict) -> str:
     timings = ", ".join(f"{k} {ms:.3f} ms" if ms is not None else f"{k} not probed ({why.get(k, '?')})"
                         for k, ms in p["ms"].items())
     close = f" ({', '.join(p['close'])} within 10%)" if p["close"] else ""
-    default = f" (default {p['default']})" if p.get("default") else ""
+    here = p.get("default_here")
+    default = f" (default {p['default']}{f' = {here} here' if here and here != p['default'] else ''})" \
+        if p.get("default") else ""
     row("formats", f"{', '.join(f['available'])}{default}; fastest here: {p['fastest'] or '?'}{close}")
     more(f"(a quick probe, not a benchmark: {p['shape']} per call: {timings})")
     block("backends", [f"{name:<7} {'ready' if b['ready'] else 'no'}: {b['detail']}"

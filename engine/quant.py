@@ -33,11 +33,22 @@ layers always take the dequantize path. The checkpoints' widths (1024, 2048, 307
 
 from __future__ import annotations
 
+import math
+import platform
+import warnings
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-WEIGHT_FORMATS = ("fp32", "bf16", "int8")
+WEIGHT_FORMATS = ("fp32", "bf16", "int8", "w8a8")
+QUANT_FORMATS = ("int8", "w8a8")  # the formats quantize_model converts (fp32 / bf16 are load dtypes)
+# w8a8 rotates the inputs of these layers before their 8-bit rounding: the MLP down-projection's input,
+# silu(gate) * up, is heavy-tailed, and one 8-bit scale per row costs it most of the fidelity (tests/benchmarks/
+# README.md, "w8a8"). The rotation is a Hadamard matrix per block of ROTATION_BLOCK features (or of the largest power
+# of two >= MIN_ROTATION_BLOCK dividing the layer's width); a narrower or odd width keeps 16-bit activations.
+ROTATED_LAYERS = ("down_proj",)
+ROTATION_BLOCK, MIN_ROTATION_BLOCK = 256, 16
 DEQUANT_ROWS = 16  # above this many rows, dequantize-then-matmul beats the int8pack kernel (table above)
 ACT_DTYPE = torch.bfloat16  # the kernel's activation dtype (it is slow with fp32 activations)
 INT8PACK_K_MULTIPLE = 16  # the kernel crashes or miscomputes unless in_features is a multiple of this (see above)
@@ -48,14 +59,16 @@ def kernel_ok(in_features: int) -> bool:
     return in_features % INT8PACK_K_MULTIPLE == 0
 
 
-def quantize_weight(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """W [N, K] -> (int8 codes [N, K], per-row scales [N] in ACT_DTYPE) with W ~ scales[:, None] * codes.
+def quantize_weight(
+    w: torch.Tensor, scale_dtype: torch.dtype = ACT_DTYPE, top: float = 126.5
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """W [N, K] -> (int8 codes [N, K], per-row scales [N] in `scale_dtype`) with W ~ scales[:, None] * codes.
 
-    The scale is rounded to ACT_DTYPE first and the codes are computed against that rounded scale, so the
-    kernel's scale is exactly the one the codes were made with; 126.5 (not 127) leaves room for that rounding."""
+    The scale is rounded to its dtype first and the codes are computed against that rounded scale, so the
+    kernel's scale is exactly the one the codes were made with; 126.5 (not 127) leaves room for bf16's rounding."""
     w = w.detach().float()
     amax = w.abs().amax(dim=1).clamp_min(1e-12)
-    scales = (amax / 126.5).to(ACT_DTYPE)
+    scales = (amax / top).to(scale_dtype)
     codes = torch.round(w / scales.float()[:, None]).clamp_(-127, 127).to(torch.int8)
     return codes.contiguous(), scales
 
@@ -100,6 +113,156 @@ class Int8Linear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
 
 
+class W8A8Linear(nn.Module):
+    """A linear layer over int8 weights (per-output-channel scales) whose activations are quantized to 8 bits on
+    each call, per tensor (one scale and zero point for the whole input; per row at batch 1), and multiplied in
+    integers by torch's prebuilt quantized-linear kernels (FBGEMM on x86-64: AVX-512 VNNI / AVX2; QNNPACK on arm64).
+
+    The weights live only in the kernel's packed form (no second copy); `codes`, `scales` and `weight` unpack them.
+    On an x86 CPU without VNNI the activations use 7 bits (`REDUCE_RANGE`): FBGEMM's AVX2 path sums pairs of
+    8-bit products in 16 bits, which 8-bit activations can overflow."""
+
+    def __init__(
+        self, codes: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None = None,
+        rotation: torch.Tensor | None = None,
+    ):
+        super().__init__()
+        self.out_features, self.in_features = codes.shape
+        self.has_bias = bias is not None
+        self.packed = _prepack(codes, scales, None if bias is None else bias.detach().float().clone())
+        # [B, B] orthonormal, or None: the weight's codes stand for W R^T block by block, so inputs are rotated by R
+        self.register_buffer("rotation", rotation)
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear, rotate: int = 0) -> W8A8Linear:
+        """Quantize `linear`; with `rotate` B, its input is first turned by a B x B Hadamard rotation per block of B
+        features, which spreads a few large activations over many features before the 8-bit rounding."""
+        w, rotation = linear.weight.detach().float(), None
+        if rotate:
+            rotation = hadamard(rotate)
+            w = (w.reshape(-1, rotate) @ rotation.T).reshape(w.shape)  # W R^T per block
+        codes, scales = quantize_weight(w, torch.float32, 127.0)
+        return cls(codes, scales, linear.bias, rotation)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shape = x.shape
+        x2 = x.reshape(-1, shape[-1]).float()
+        if self.rotation is not None:
+            x2 = (x2.reshape(-1, self.rotation.shape[0]) @ self.rotation).reshape(-1, shape[-1])  # R x per block
+        y = torch.ops.quantized.linear_dynamic(x2, self.packed, REDUCE_RANGE)
+        return y.to(x.dtype).reshape(*shape[:-1], self.out_features)
+
+    def _unpacked(self):
+        return torch.ops.quantized.linear_unpack(self.packed)
+
+    @property
+    def codes(self) -> torch.Tensor:
+        return self._unpacked()[0].int_repr()
+
+    @property
+    def scales(self) -> torch.Tensor:
+        return self._unpacked()[0].q_per_channel_scales().float()
+
+    @property
+    def bias(self) -> torch.Tensor | None:
+        return self._unpacked()[1]
+
+    @property
+    def weight(self) -> torch.Tensor:
+        """The fp32 weight the codes stand for (computed on each access; rotated back when the input is rotated)."""
+        w = self._unpacked()[0].dequantize()
+        if self.rotation is None:
+            return w
+        return (w.reshape(-1, self.rotation.shape[0]) @ self.rotation).reshape(w.shape)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.has_bias}"
+
+
+def hadamard(n: int) -> torch.Tensor:
+    """The n x n orthonormal Hadamard matrix (Sylvester's construction; n a power of two), fp32. It is symmetric
+    and its own inverse."""
+    if n < 1 or n & (n - 1):
+        raise ValueError(f"a Hadamard rotation needs a power-of-two size, not {n}")
+    h = torch.ones(1, 1)
+    while h.shape[0] < n:
+        h = torch.cat([torch.cat([h, h], 1), torch.cat([h, -h], 1)])
+    return h / math.sqrt(n)
+
+
+def _has_vnni() -> bool:
+    """Whether this x86 CPU has 8-bit dot-product instructions (AVX-512 VNNI or AVX-VNNI); read from Linux's
+    /proc/cpuinfo (elsewhere: False, the safe answer)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((line for line in f if line.startswith("flags")), "")
+    except OSError:
+        return False
+    return " avx512_vnni" in flags or " avx_vnni" in flags
+
+
+REDUCE_RANGE = platform.machine().lower() in ("x86_64", "amd64", "i686", "x86") and not _has_vnni()
+
+
+def _prepack(codes: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None):
+    zero = torch.zeros(codes.shape[0], dtype=torch.long)
+    with warnings.catch_warnings():  # torch >= 2.10 warns that quantized tensors will move out of core torch
+        warnings.simplefilter("ignore", UserWarning)
+        q = torch._make_per_channel_quantized_tensor(codes.contiguous(), scales.double(), zero, 0)
+        return torch.ops.quantized.linear_prepack(q, bias)
+
+
+def resolve_weights(weights: str) -> str:
+    """A weight format by name; `auto` is w8a8 where torch's quantized kernels run here, else int8 (both measured
+    in tests/benchmarks/README.md: w8a8 is the faster on the CPUs measured, int8 the more faithful)."""
+    if weights == "auto":
+        return "int8" if w8a8_unavailable_reason() else "w8a8"
+    return weights
+
+
+def w8a8_unavailable_reason() -> str | None:
+    """None when this torch runs W8A8Linear here (a tiny product checked against its dequantized weight), else why
+    not (a torch without quantized kernels, an engine that rejects per-channel weights, ...)."""
+    global _W8A8_REASON
+    if _W8A8_REASON is None:
+        try:
+            g = torch.Generator().manual_seed(0)
+            lin = nn.Linear(64, 8, bias=False)
+            lin.weight.data = torch.randn(8, 64, generator=g)
+            q = W8A8Linear.from_linear(lin)
+            x = torch.randn(2, 64, generator=g)
+            ref = x @ q.weight.T
+            err = ((q(x) - ref).abs().max() / ref.abs().max()).item()  # 8-bit activations: ~1 % is normal
+            _W8A8_REASON = "" if err < 0.05 else f"its products are wrong here (relative error {err:.3g})"
+        except Exception as e:  # a missing op or engine: the format is not offered
+            _W8A8_REASON = f"torch's quantized linear kernels are unavailable ({type(e).__name__}: {str(e)[:80]})"
+    return _W8A8_REASON or None
+
+
+_W8A8_REASON: str | None = None
+
+
+def rotation_block(width: int) -> int:
+    """The Hadamard block size for a rotated layer of `width` input features, or 0 when none fits."""
+    block = ROTATION_BLOCK
+    while block >= MIN_ROTATION_BLOCK and width % block:
+        block //= 2
+    return block if block >= MIN_ROTATION_BLOCK else 0
+
+
+def quantized_linear(linear: nn.Linear, weights: str, name: str = "") -> nn.Module:
+    """`linear` in the quantized format `weights` (int8 or w8a8); `name` is its attribute name (w8a8 rotates the
+    inputs of ROTATED_LAYERS, and keeps 16-bit activations where no rotation block fits)."""
+    if weights == "int8":
+        return Int8Linear.from_linear(linear)
+    if weights != "w8a8":
+        raise ValueError(f"not a quantized weight format: {weights!r}")
+    if name not in ROTATED_LAYERS:
+        return W8A8Linear.from_linear(linear)
+    block = rotation_block(linear.in_features)
+    return W8A8Linear.from_linear(linear, rotate=block) if block else Int8Linear.from_linear(linear)
+
+
 def quantizable_linears(tts) -> list[tuple[nn.Module, str, nn.Linear]]:
     """(parent, attribute, linear) of every linear that `int8` converts: the talker's decoder layers, the code
     predictor's decoder layers, its 15 LM heads and its input projection (1.7B). Not the code-0 head, the text
@@ -127,18 +290,21 @@ def quantize_model(tts, weights: str = "int8") -> dict:
     if weights not in WEIGHT_FORMATS:
         raise ValueError(f"unknown weight format {weights!r}; choose from {', '.join(WEIGHT_FORMATS)}")
     summary = {"weights": weights, "layers": 0, "bytes_before": 0, "bytes_after": 0}
-    if weights != "int8":
+    if weights not in QUANT_FORMATS:
         return summary
+    if weights == "w8a8" and (why := w8a8_unavailable_reason()):
+        raise ValueError(f"the w8a8 format does not run here: {why}; use --weights int8")
+
     # (parent, name) only: holding the linears until the end would keep every source weight alive (memory-mapped
     # from the checkpoint) until all are converted; dropped one by one, the peak is the int8 model plus one layer
     for parent, name in [(parent, name) for parent, name, _ in quantizable_linears(tts)]:
         linear = getattr(parent, name)
         if linear.weight.device.type != "cpu":
-            raise ValueError("int8 weights run on the CPU only; load the model on the CPU")
-        q = Int8Linear.from_linear(linear)
+            raise ValueError(f"{weights} weights run on the CPU only; load the model on the CPU")
+        q = quantized_linear(linear, weights, name)
         summary["layers"] += 1
         summary["bytes_before"] += linear.weight.numel() * linear.weight.element_size()
-        summary["bytes_after"] += q.codes.numel() + q.scales.numel() * q.scales.element_size()
+        summary["bytes_after"] += linear_weight_bytes(q)
         setattr(parent, name, q)
         del linear
     return summary
@@ -150,6 +316,8 @@ def linear_weight_bytes(module: nn.Module) -> int:
     for m in module.modules():
         if isinstance(m, Int8Linear):
             total += m.codes.numel() + m.scales.numel() * m.scales.element_size()
+        elif isinstance(m, W8A8Linear):
+            total += m.in_features * m.out_features + 4 * m.out_features
         elif isinstance(m, nn.Linear):
             total += m.weight.numel() * m.weight.element_size()
     return total

@@ -62,6 +62,10 @@ class Attention(nn.Module):
         cache.write(start, k, v)
         end = start + t if span is None else span
         rep = self.n_heads // self.n_kv
+        if t == 1 and rep > 1:  # one row (a decode step): group the query heads by their KV head, no cache copy
+            q = q.reshape(b, self.n_kv, rep, self.head_dim)  # query head h reads KV head h // rep
+            out = F.scaled_dot_product_attention(q, cache.k[:, :, :end], cache.v[:, :, :end], attn_mask=mask)
+            return self.o_proj(out.reshape(b, t, self.n_heads * self.head_dim))  # [B, KV, rep, D] = [B, 1, H * D]
         keys = cache.k[:, :, :end].repeat_interleave(rep, dim=1)  # [B, H, S, D]
         values = cache.v[:, :, :end].repeat_interleave(rep, dim=1)
         out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask)  # [B, H, T, D]

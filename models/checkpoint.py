@@ -22,7 +22,7 @@ from leapvox.engine.demo_codec import DemoCodec, DemoCodecConfig
 from leapvox.engine.errors import CheckpointError
 from leapvox.engine.options import SynthesisOptions
 from leapvox.engine.prompt import ClonedVoice
-from leapvox.engine.quant import QUANT_FORMATS, WEIGHT_FORMATS, quantize_model
+from leapvox.engine.quant import QUANT_FORMATS, WEIGHT_FORMATS, quantize_model, resolve_weights
 from leapvox.engine.sampling import SamplingParams
 from leapvox.engine.spec import DraftPlan
 from leapvox.engine.synthesis import Synthesizer
@@ -259,11 +259,12 @@ def weight_formats() -> list[str]:
 def load_checkpoint(path: str | Path, weights: str = "fp32", device: str = "cpu") -> LoadedModel:
     """Load config, weights, text tokenizer, codec decoder and spec assets from a checkpoint folder.
 
-    `weights` is a weight format: fp32, bf16, int8 or w8a8 (the file's weights quantized to 8-bit for the talker's and
-    predictor's linears, fp32 for the rest; engine.quant). The model runs on the torch engine; for a ready model
+    `weights` is a weight format: fp32, bf16, int8 or w8a8 (the talker's and predictor's linears quantized to 8 bits
+    from the file's weights, fp32 for the rest; engine.quant), or auto (engine.quant.resolve_weights). The model
+    runs on the torch engine; for a ready model
     by name with a backend, use models.load.load_model."""
     folder = check_folder(Path(path))
-    weights = {"float32": "fp32", "bfloat16": "bf16"}.get(weights, weights)
+    weights = resolve_weights({"float32": "fp32", "bfloat16": "bf16"}.get(weights, weights))
     if weights not in WEIGHT_FORMATS:
         raise ValueError(f"unknown weight format {weights!r}; choose from {', '.join(WEIGHT_FORMATS)}")
     dtype = torch.float32 if weights in QUANT_FORMATS else DTYPES[weights]

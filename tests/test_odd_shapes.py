@@ -78,7 +78,7 @@ def test_odd_checkpoint_has_the_widths_the_kernel_cannot_take(odd_checkpoint):
     assert not all(kernel_ok(k) for k in widths)
 
 
-@pytest.mark.parametrize("weights", ["fp32", "bf16", "int8"])
+@pytest.mark.parametrize("weights", ["fp32", "bf16", "int8", "w8a8"])
 def test_every_mode_runs_on_odd_widths(odd_checkpoint, tmp_path, weights):
     out = tmp_path / "out"
     out.mkdir()
@@ -120,6 +120,37 @@ def test_int8_products_on_odd_widths_equal_the_dequantized_weight():
                             y = f(x)
                         err = float((y - ref).abs().max() / ref.abs().max())
                         assert err < 0.02, (name, k, n, rows, err)
+        print("products ok", flush=True)
+    """)
+    assert p.returncode == 0 and "products ok" in p.stdout, _explain(p)
+
+
+def test_w8a8_products_on_odd_widths_stay_within_8_bit_activation_error():
+    """W8A8Linear (plain, and rotated where a block fits) and the predictor loop's `product` over 1..17 rows, for
+    odd input widths, against the weight it stands for, in a forked process (a kernel crash fails the test)."""
+    p = _run("""
+        import torch, torch.nn.functional as F
+        from torch import nn
+        from leapvox.engine.predictor import product
+        from leapvox.engine.quant import quantized_linear, w8a8_unavailable_reason
+        if w8a8_unavailable_reason():
+            print("products ok (w8a8 unavailable here)", flush=True)
+            raise SystemExit(0)
+        torch.manual_seed(0)
+        for k in (8, 24, 40, 56, 72, 20, 33, 64, 96, 1024):
+            for n in (3, 32, 56):
+                for name in ("q_proj", "down_proj"):
+                    q = quantized_linear(nn.Linear(k, n, bias=False), "w8a8", name)
+                    fns = {"module": q, "product": product(q, split=True, rows=True)}
+                    for rows in (1, 2, 3, 5, 17):
+                        x = torch.randn(rows, k)
+                        ref = F.linear(x, q.weight)
+                        size = F.linear(x.abs(), q.weight.abs()).max()  # sum of |x w|: the products' scale
+                        for label, f in fns.items():
+                            with torch.inference_mode():
+                                y = f(x)
+                            err = float((y - ref).abs().max() / size)
+                            assert err < 0.02, (label, name, k, n, rows, err)
         print("products ok", flush=True)
     """)
     assert p.returncode == 0 and "products ok" in p.stdout, _explain(p)

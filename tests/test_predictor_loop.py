@@ -8,7 +8,7 @@ import torch
 from leapvox.engine.code_predictor import CodePredictor
 from leapvox.engine.config import CodePredictorConfig
 from leapvox.engine.predictor import PredictorLoop, loop_for, predict_codes, predict_codes_reference
-from leapvox.engine.quant import Int8Linear
+from leapvox.engine.quant import quantized_linear, w8a8_unavailable_reason
 from leapvox.engine.sampling import SamplingParams
 
 CFG = CodePredictorConfig(
@@ -34,16 +34,18 @@ def predictor(weights: str, talker_hidden: int = 48, seed: int = 0) -> CodePredi
             head.weight.mul_(6)
     if weights == "bf16":
         cp = cp.to(torch.bfloat16)
-    if weights == "int8":
+    if weights == "w8a8" and w8a8_unavailable_reason():
+        pytest.skip(f"w8a8 does not run here: {w8a8_unavailable_reason()}")
+    if weights in ("int8", "w8a8"):
         for parent in list(cp.modules()):
             for name, child in list(parent.named_children()):
                 if isinstance(child, torch.nn.Linear):
-                    setattr(parent, name, Int8Linear.from_linear(child))
+                    setattr(parent, name, quantized_linear(child, weights, name))
     cp.model.setup_cache(CFG.num_code_groups)
     return cp
 
 
-@pytest.mark.parametrize("weights", ["fp32", "bf16", "int8"])
+@pytest.mark.parametrize("weights", ["fp32", "bf16", "int8", "w8a8"])
 @pytest.mark.parametrize("split", [False, True])
 def test_fast_loop_equals_module_loop(weights, split):
     cp = predictor(weights)
@@ -66,7 +68,7 @@ def test_fast_loop_equals_module_loop(weights, split):
                 assert torch.equal(loop.hidden(rows[0], 0), hidden_ref)  # bit for bit, not just the same codes
 
 
-@pytest.mark.parametrize("weights", ["fp32", "bf16", "int8"])
+@pytest.mark.parametrize("weights", ["fp32", "bf16", "int8", "w8a8"])
 def test_verify_rows_equal_the_module_path_and_commit_moves_rows(weights):
     """spec's verify call on the hot loop (tree mask, depth positions) = DecoderStack.forward with the same mask and
     positions (bit for bit but for fp32's split products); commit() copies accepted rows into place."""
@@ -138,3 +140,11 @@ def test_batches_take_the_module_loop():
     assert torch.equal(predict_codes(cp, h, e, params, None), predict_codes_reference(cp, h, e, params, None))
     with pytest.raises(ValueError, match="batch 1"):
         PredictorLoop(cp)(h, e, params, None)
+
+
+def test_w8a8_predictor_really_rotates_the_down_projection():
+    """The w8a8 builder above exercises both W8A8 layer kinds: plain and with a rotated input (96 = 3 x 32)."""
+    cp = predictor("w8a8")
+    downs = [layer.mlp.down_proj for layer in cp.model.layers]
+    assert all(d.rotation is not None and d.rotation.shape == (32, 32) for d in downs)
+    assert all(layer.self_attn.q_proj.rotation is None for layer in cp.model.layers)
