@@ -394,7 +394,8 @@ def table(result: dict) -> str:
     bw = result.get("read_gb_s")
     lines.append("")
     lines.append(
-        f"{result['frames']} frames per run, {result['threads']} threads, {result['rounds']} interleaved round(s), "
+        f"{result['frames']} frames per run, {result['threads']} threads, "
+        f"{result.get('rounds_done', result['rounds'])} of {result['rounds']} interleaved round(s), "
         f"medians; machine read bandwidth (large sum, same run): {f(bw, '{:.1f}')} GB/s"
     )
     for rec in result["engines"].values():
@@ -537,6 +538,7 @@ def run(args) -> int:
         "frames": args.frames,
         "threads": args.threads,
         "rounds": args.rounds,
+        "rounds_done": 0,
         "speaker": SPEAKER,
         "language": LANGUAGE,
         "torch": torch.__version__,
@@ -549,6 +551,8 @@ def run(args) -> int:
     }
     for rec in result["engines"].values():
         rec.pop("files", None)
+    from leapvox.models.files import write_text_atomic
+
     t_timing = time.perf_counter()
     for i in range(args.rounds):
         bw = bench.bandwidth()
@@ -567,12 +571,14 @@ def run(args) -> int:
                     f"{out.get('codec_ms') or 0:.1f}, peak {out['peak_rss_mb']:.0f} MiB "
                     f"({time.perf_counter() - t0:.0f} s)"
                 )
+        result["rounds_done"] = i + 1
+        if i + 1 < args.rounds:  # a run cut short leaves the rounds it finished
+            summarize(result)
+            write_text_atomic(json_path, json.dumps(result, indent=1))
     summarize(result)
     result["timing_wall_s"] = time.perf_counter() - t_timing
     result["wall_s"] = time.perf_counter() - t_start
     print(table(result), flush=True)
-    from leapvox.models.files import write_text_atomic
-
     write_text_atomic(json_path, json.dumps(result, indent=1))
     say(f"wrote {json_path} ({result['wall_s']:.0f} s in all, {result['timing_wall_s']:.0f} s timing)")
     return 0
