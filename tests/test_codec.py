@@ -237,3 +237,52 @@ def test_matches_official_reference():
         assert max_diff(ours.reshape(-1)[: ref.numel()], ref) <= 1e-5, T
     tail = expected["codec/T350/wav_oneshot_tail"].float()  # one-shot samples from frame 300 on
     assert max_diff(m(codes_of("codec/T350/codes")).reshape(-1)[300 * SPF :], tail) <= 1e-5
+
+
+@torch.no_grad()
+def test_lower_precision(model):
+    codes = random_codes(60)
+    low = CodecDecoder(model.config).eval()
+    low.load_state_dict(model.state_dict())
+    assert low.lower_precision() is low
+    dtypes = {n: p.dtype for n, p in low.named_parameters()}
+    assert dtypes["decoder.1.block.2.conv1.conv.weight"] == torch.bfloat16
+    assert dtypes["upsample.0.1.pwconv1.weight"] == dtypes["upsample.0.0.conv.weight"] == torch.bfloat16
+    assert dtypes["upsample.0.1.dwconv.conv.weight"] == dtypes["decoder.1.block.0.alpha"] == torch.float32
+    assert dtypes["pre_transformer.layers.0.mlp.up_proj.weight"] == dtypes["pre_conv.conv.weight"] == torch.float32
+    wav, ref = low(codes), model(codes)
+    assert wav.dtype == torch.float32 and wav.shape == ref.shape
+    err = (wav - ref).pow(2).mean().sqrt() / ref.pow(2).mean().sqrt()
+    assert 0 < err < 0.05  # bf16 rounding: moved, but far less than the signal
+    for step in (1, 7):
+        assert torch.equal(stream_decode(low, codes, step), wav)  # still seam-free: bit for bit
+
+
+CONVS = [(512, 1024, 3, 1, 1), (1024, 1536, 7, 1, 4), (96, 1, 7, 1, 1920)] + [
+    (c, c, k, d, f)
+    for c, f in ((768, 32), (384, 160), (192, 640), (96, 1920))
+    for k, d in ((7, 1), (7, 3), (7, 9), (1, 1))
+]  # the 0.6B codec's dense causal convs: (c_in, c_out, kernel, dilation, input samples per frame)
+TRANS_CONVS = [(1024, 1024, 2, 2, 2), (1536, 768, 16, 8, 4), (768, 384, 10, 5, 32), (192, 96, 6, 3, 640)]
+# ... and transposed convs: (c_in, c_out, kernel, stride, input samples per frame)
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_conv_rounding_independent_of_call_length_at_full_size(dtype):
+    """The kernels the full-size codec runs give every sample the same bits however the frames are chunked."""
+    from leapvox.engine.codec import CausalConv1d, CausalTransConv1d
+
+    g = torch.Generator().manual_seed(0)
+    convs = [(CausalConv1d(ci, co, k, dilation=d), ci, f) for ci, co, k, d, f in CONVS]
+    convs += [(CausalTransConv1d(ci, co, k, s), ci, f) for ci, co, k, s, f in TRANS_CONVS]
+    for conv, c_in, f in convs:
+        for p in conv.parameters():
+            p.copy_(torch.randn(p.shape, generator=g) / c_in**0.5)
+        conv.to(dtype)
+        x = torch.randn(1, c_in, 20 * f, generator=g).to(dtype)
+        cache, parts, s = {}, [], 0
+        for n in (1, 2, 4, 8, 5):
+            parts.append(conv(x[..., s * f : (s + n) * f], cache))
+            s += n
+        assert torch.equal(torch.cat(parts, dim=-1), conv(x)), conv
