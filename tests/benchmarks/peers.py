@@ -248,6 +248,12 @@ def leapvox_worker(a: dict) -> dict:
     torch.set_num_threads(a["threads"])
     from leapvox.models.load import load_model
 
+    try:
+        from leapvox.engine.quant import resolve_weights
+
+        resolved = resolve_weights(a["weights"])
+    except ImportError:
+        resolved = a["weights"]
     t0 = time.perf_counter()
     model = load_model(Path(a["model"]), weights=a["weights"])
     load_s = time.perf_counter() - t0
@@ -275,6 +281,7 @@ def leapvox_worker(a: dict) -> dict:
         "seeds_tried": tries,
         "load_s": load_s,
         "threads": torch.get_num_threads(),
+        "weights": resolved,
     }
     try:  # the bytes leapvox's own format reads (int8 codes + scales, or bf16 / fp32 weights)
         from leapvox.engine.quant import linear_weight_bytes
@@ -356,6 +363,9 @@ def summarize(result: dict) -> None:
         rec["median"] = med
         rec["ok_rounds"] = len(ok)
         if rec["kind"] == "leapvox":
+            resolved = {r.get("weights") for r in ok} - {None, rec["weights"]}
+            if resolved and "(" not in rec["label"]:
+                rec["label"] += f" (= {', '.join(sorted(resolved))})"
             tb = next((r["talker_bytes"] for r in ok if "talker_bytes" in r), None)
             pb = next((r["predictor_bytes"] for r in ok if "predictor_bytes" in r), None)
         else:
@@ -429,7 +439,9 @@ def parser():
     p.add_argument(
         "--engines", default="leapvox,vox,qwentts,official", help="comma-separated, from " + ", ".join(ENGINES)
     )
-    p.add_argument("--weights", default="int8", help="leapvox weight formats, comma-separated (default int8)")
+    p.add_argument(
+        "--weights", default="int8", help="leapvox weight formats, comma-separated, e.g. int8,w8a8,auto (default int8)"
+    )
     p.add_argument("--rounds", type=int, default=3, help="interleaved rounds (default 3)")
     p.add_argument("--frames", type=int, default=32, help="frames every engine speaks per run (default 32)")
     p.add_argument("--threads", type=int, default=2, help="threads for every engine (default 2)")
@@ -481,9 +493,15 @@ def run(args) -> int:
     if bad or not engines:
         raise Usage(f"unknown engine {bad[0] if bad else '(none)'!r} (hint: choose from {', '.join(ENGINES)})")
     weights = [w.strip() for w in args.weights.split(",") if w.strip()]
-    badw = [w for w in weights if w not in bench.WEIGHTS]
+    try:  # whatever leapvox's loader takes, `auto` included
+        from leapvox.engine.quant import WEIGHT_FORMATS
+
+        known = (*WEIGHT_FORMATS, "auto")
+    except ImportError:
+        known = bench.WEIGHTS
+    badw = [w for w in weights if w not in known]
     if badw or ("leapvox" in engines and not weights):
-        raise Usage(f"unknown weight format {badw[0] if badw else '(none)'!r} (hint: {', '.join(bench.WEIGHTS)})")
+        raise Usage(f"unknown weight format {badw[0] if badw else '(none)'!r} (hint: {', '.join(known)})")
     if args.quick:
         args.frames, args.rounds = 4, 1
     if args.rounds < 1 or args.frames < 2 or args.threads < 1 or args.timeout <= 0:
