@@ -184,6 +184,8 @@ class SnakeBeta(nn.Module):
         alpha = self.alpha.exp()[None, :, None]
         inv_beta = 1.0 / (self.beta.exp()[None, :, None] + 1e-9)
         s = torch.sin(x * alpha)
+        if torch.jit.is_tracing():  # an exported graph (Core ML) keeps to plain ops; some converters lack addcmul
+            return x + inv_beta * (s * s)
         return torch.addcmul(x, s.mul_(s), inv_beta)  # three passes over x instead of five
 
 
