@@ -57,4 +57,8 @@ class SwiGLU(nn.Module):
         self.down_proj = nn.Linear(hidden, dim, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        fused = getattr(self, "gate_up_proj", None)  # one product for gate and up, when quantization fused them
+        if fused is None:
+            return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        gate, up = fused(x).split(fused.split_sizes, dim=-1)
+        return self.down_proj(F.silu(gate) * up)

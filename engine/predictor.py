@@ -138,6 +138,11 @@ class _Layer:
         self.gate, self.up, self.down = (
             product(m, split, rows) for m in (mlp.gate_proj, mlp.up_proj, mlp.down_proj)
         )
+        # w8a8 fuses q/k/v and gate/up into one product each (engine.quant.fuse_projections): [q | k | v], [gate | up]
+        fused_qkv, fused_mlp = getattr(a, "qkv_proj", None), getattr(mlp, "gate_up_proj", None)
+        self.qkv = product(fused_qkv, split, rows) if fused_qkv is not None else None
+        self.gate_up = product(fused_mlp, split, rows) if fused_mlp is not None else None
+        self.hidden = mlp.down_proj.in_features
 
 
 class PredictorLoop:
@@ -186,7 +191,11 @@ class PredictorLoop:
         t, nh, nkv, d = x.shape[0], self.nh, self.nkv, self.d
         end = start + t
         h = rms_norm(x, L.ln1, L.eps)
-        qk = torch.cat([L.q(h).view(t, nh, d), L.k(h).view(t, nkv, d)], dim=1)  # [T, nh + nkv, D]
+        if L.qkv is not None:  # one product [T, (nh + 2 nkv) D]: q and k side by side, then v
+            y = L.qkv(h)
+            qk, v = y[:, : (nh + nkv) * d].reshape(t, nh + nkv, d), y[:, (nh + nkv) * d :]
+        else:
+            qk, v = torch.cat([L.q(h).view(t, nh, d), L.k(h).view(t, nkv, d)], dim=1), L.v(h)  # [T, nh + nkv, D]
         qk = rms_norm(qk, L.qk_norm, L.qk_eps)
         swapped = qk.view(t, nh + nkv, 2, d // 2).flip(2).view(t, nh + nkv, d)
         if positions is None:
@@ -194,7 +203,7 @@ class PredictorLoop:
         else:
             qk = qk * self.cos[positions] + swapped * self.sin[positions]
         kc[:, :, start:end] = qk[:, nh:].transpose(0, 1)[:, None]  # [nkv, 1, T, D] -> every repeat
-        vc[:, :, start:end] = L.v(h).view(t, nkv, d).transpose(0, 1)[:, None]
+        vc[:, :, start:end] = v.reshape(t, nkv, d).transpose(0, 1)[:, None]
         q = qk[:, :nh].transpose(0, 1)[None]  # [1, nh, T, D]
         keys = kc.view(1, nh, self.positions, d)[:, :, :end]
         values = vc.view(1, nh, self.positions, d)[:, :, :end]
@@ -230,7 +239,11 @@ class PredictorLoop:
         for L, kc, vc in zip(layers or self.layers, self.keys, self.values, strict=True):
             x = x + L.o(self._attend(L, x, start, kc, vc, mask, positions))
             h = rms_norm(x, L.ln2, L.eps)
-            x = x + L.down(F.silu(L.gate(h)) * L.up(h))
+            if L.gate_up is not None:
+                y = L.gate_up(h)
+                x = x + L.down(F.silu(y[:, : L.hidden]) * y[:, L.hidden :])
+            else:
+                x = x + L.down(F.silu(L.gate(h)) * L.up(h))
         return x
 
     @torch.inference_mode()

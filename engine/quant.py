@@ -132,6 +132,7 @@ class W8A8Linear(nn.Module):
         self.packed = _prepack(codes, scales, None if bias is None else bias.detach().float().clone())
         # [B, B] orthonormal, or None: the weight's codes stand for W R^T block by block, so inputs are rotated by R
         self.register_buffer("rotation", rotation)
+        self.split_sizes = [self.out_features]  # a fused layer's parts (fuse_projections), in output order
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, rotate: int = 0) -> W8A8Linear:
@@ -188,6 +189,62 @@ def hadamard(n: int) -> torch.Tensor:
     while h.shape[0] < n:
         h = torch.cat([torch.cat([h, h], 1), torch.cat([h, -h], 1)])
     return h / math.sqrt(n)
+
+
+class FusedPart(nn.Module):
+    """One projection of a fused W8A8 product (output features start..end of `fused`), kept under its own name for
+    code that calls or reads that projection alone; the model's forward passes call the fused layer once instead."""
+
+    def __init__(self, fused: W8A8Linear, start: int, end: int):
+        super().__init__()
+        object.__setattr__(self, "fused", fused)  # not a submodule: the parent holds it (no double counting)
+        self.start, self.end = start, end
+        self.in_features, self.out_features = fused.in_features, end - start
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fused(x)[..., self.start : self.end]
+
+    @property
+    def weight(self) -> torch.Tensor:
+        return self.fused.weight[self.start : self.end]
+
+    def extra_repr(self) -> str:
+        return f"rows {self.start}:{self.end} of a fused product"
+
+
+def _fused(parts: list[W8A8Linear]) -> W8A8Linear:
+    fused = W8A8Linear(torch.cat([p.codes for p in parts]), torch.cat([p.scales for p in parts]))
+    fused.split_sizes = [p.out_features for p in parts]
+    return fused
+
+
+def fuse_projections(tts) -> int:
+    """Fuse each decoder layer's w8a8 q/k/v projections into one product (`self_attn.qkv_proj`) and its gate/up
+    projections into another (`mlp.gate_up_proj`): one activation quantization and one kernel call instead of three
+    and two, with the same results bit for bit (the activations' 8-bit parameters come from the same input; the
+    products are exact integer sums per output feature). The old names become FusedPart views. Returns how many
+    layers were fused."""
+    talker = tts.talker
+    return fuse_layers([*talker.model.layers, *talker.code_predictor.model.layers])
+
+
+def fuse_layers(layers) -> int:
+    """fuse_projections over these decoder layers."""
+    n = 0
+    for layer in layers:
+        for parent, names, fused_name in ((layer.self_attn, ("q_proj", "k_proj", "v_proj"), "qkv_proj"),
+                                          (layer.mlp, ("gate_proj", "up_proj"), "gate_up_proj")):
+            parts = [getattr(parent, name) for name in names]
+            if not all(isinstance(p, W8A8Linear) and p.rotation is None and not p.has_bias for p in parts):
+                continue
+            fused = _fused(parts)
+            setattr(parent, fused_name, fused)
+            start = 0
+            for name, part in zip(names, parts, strict=True):
+                setattr(parent, name, FusedPart(fused, start, start + part.out_features))
+                start += part.out_features
+            n += 1
+    return n
 
 
 def _has_vnni() -> bool:
@@ -307,6 +364,8 @@ def quantize_model(tts, weights: str = "int8") -> dict:
         summary["bytes_after"] += linear_weight_bytes(q)
         setattr(parent, name, q)
         del linear
+    if weights == "w8a8":
+        summary["fused"] = fuse_projections(tts)
     return summary
 
 

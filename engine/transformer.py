@@ -43,6 +43,13 @@ class Attention(nn.Module):
         self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
         self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
 
+    def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q, k, v projections of x: one product when quantization fused them (`qkv_proj`, engine.quant)."""
+        fused = getattr(self, "qkv_proj", None)
+        if fused is None:
+            return self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        return fused(x).split(fused.split_sizes, dim=-1)
+
     def forward(
         self,
         x: torch.Tensor,
@@ -55,9 +62,10 @@ class Attention(nn.Module):
     ) -> torch.Tensor:
         """Write k, v of x at slots start..start+T-1, attend over slots [0, span) (default start+T) under mask."""
         b, t, _ = x.shape
-        q = self.q_norm(self.q_proj(x).view(b, t, self.n_heads, self.head_dim)).transpose(1, 2)  # [B, H, T, D]
-        k = self.k_norm(self.k_proj(x).view(b, t, self.n_kv, self.head_dim)).transpose(1, 2)  # [B, KV, T, D]
-        v = self.v_proj(x).view(b, t, self.n_kv, self.head_dim).transpose(1, 2)
+        q, k, v = self.project(x)
+        q = self.q_norm(q.view(b, t, self.n_heads, self.head_dim)).transpose(1, 2)  # [B, H, T, D]
+        k = self.k_norm(k.view(b, t, self.n_kv, self.head_dim)).transpose(1, 2)  # [B, KV, T, D]
+        v = v.view(b, t, self.n_kv, self.head_dim).transpose(1, 2)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         cache.write(start, k, v)
         end = start + t if span is None else span

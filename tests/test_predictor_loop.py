@@ -8,7 +8,7 @@ import torch
 from leapvox.engine.code_predictor import CodePredictor
 from leapvox.engine.config import CodePredictorConfig
 from leapvox.engine.predictor import PredictorLoop, loop_for, predict_codes, predict_codes_reference
-from leapvox.engine.quant import quantized_linear, w8a8_unavailable_reason
+from leapvox.engine.quant import fuse_layers, quantized_linear, w8a8_unavailable_reason
 from leapvox.engine.sampling import SamplingParams
 
 CFG = CodePredictorConfig(
@@ -41,6 +41,8 @@ def predictor(weights: str, talker_hidden: int = 48, seed: int = 0) -> CodePredi
             for name, child in list(parent.named_children()):
                 if isinstance(child, torch.nn.Linear):
                     setattr(parent, name, quantized_linear(child, weights, name))
+        if weights == "w8a8":  # as the loader does: q/k/v and gate/up fused into one product each
+            assert fuse_layers(cp.model.layers) == 2 * len(cp.model.layers)
     cp.model.setup_cache(CFG.num_code_groups)
     return cp
 
@@ -143,8 +145,9 @@ def test_batches_take_the_module_loop():
 
 
 def test_w8a8_predictor_really_rotates_the_down_projection():
-    """The w8a8 builder above exercises both W8A8 layer kinds: plain and with a rotated input (96 = 3 x 32)."""
+    """The w8a8 builder above exercises both W8A8 layer kinds: plain (fused q/k/v) and with a rotated input
+    (96 = 3 x 32)."""
     cp = predictor("w8a8")
     downs = [layer.mlp.down_proj for layer in cp.model.layers]
     assert all(d.rotation is not None and d.rotation.shape == (32, 32) for d in downs)
-    assert all(layer.self_attn.q_proj.rotation is None for layer in cp.model.layers)
+    assert all(layer.self_attn.qkv_proj.rotation is None for layer in cp.model.layers)

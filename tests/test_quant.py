@@ -16,6 +16,7 @@ from torch import nn
 
 from leapvox.engine.quant import (
     DEQUANT_ROWS,
+    FusedPart,
     Int8Linear,
     W8A8Linear,
     dequantize,
@@ -193,11 +194,16 @@ def test_quantize_model_w8a8_rotates_down_projections_and_keeps_the_rest_plain(t
     summary = quantize_model(model, "w8a8")
     layers = [*model.talker.model.layers, *model.talker.code_predictor.model.layers]
     assert summary["layers"] == 44 and summary["bytes_after"] < summary["bytes_before"] / 3.5
+    assert summary["fused"] == len(layers) * 2  # q/k/v and gate/up of every layer
     for layer in layers:
         down = layer.mlp.down_proj
         block = rotation_block(down.in_features)
         assert isinstance(down, W8A8Linear if block else Int8Linear)
-        assert isinstance(layer.self_attn.q_proj, W8A8Linear) and layer.self_attn.q_proj.rotation is None
+        a, mlp = layer.self_attn, layer.mlp
+        assert isinstance(a.qkv_proj, W8A8Linear) and a.qkv_proj.rotation is None
+        assert a.qkv_proj.split_sizes == [a.q_proj.out_features, a.k_proj.out_features, a.v_proj.out_features]
+        assert all(isinstance(p, FusedPart) and p.fused is a.qkv_proj for p in (a.q_proj, a.k_proj, a.v_proj))
+        assert mlp.gate_up_proj.split_sizes == [mlp.gate_proj.out_features, mlp.up_proj.out_features]
     assert isinstance(quantized_linear(nn.Linear(40, 8), "w8a8", "down_proj"), Int8Linear)  # no block divides 40
     with pytest.raises(ValueError, match="quantized"):
         quantized_linear(nn.Linear(32, 8), "bf16")
@@ -239,3 +245,37 @@ def test_auto_weights_resolve_to_w8a8_where_its_kernels_run_else_int8(monkeypatc
     assert quant.resolve_weights("auto") == "int8"
     with pytest.raises(ValueError, match="w8a8 format does not run here: no quantized kernels"):
         quantize_model(copy.deepcopy(nn.Sequential()), "w8a8")
+
+
+@needs_w8a8
+def test_fused_projections_compute_what_the_separate_ones_do_bit_for_bit(tiny_model):
+    """fuse_projections changes the number of kernel calls, not a bit of the result: the talker's logits and the
+    predictor's hidden states of a fused model equal those of the same w8a8 model left unfused; each FusedPart
+    computes its rows of the fused product and reads its rows of the weight."""
+    from leapvox.engine import quant
+
+    _, ref = tiny_model
+    fused, plain = copy.deepcopy(ref), copy.deepcopy(ref)
+    quantize_model(fused, "w8a8")
+    real = quant.fuse_projections
+    try:
+        quant.fuse_projections = lambda tts: 0
+        quantize_model(plain, "w8a8")
+    finally:
+        quant.fuse_projections = real
+    assert not any(isinstance(m, FusedPart) for m in plain.modules())
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(1, 9, ref.talker.cfg.hidden_size, generator=g)
+    outs = []
+    with torch.inference_mode():
+        for m in (fused, plain):
+            m.talker.model.setup_cache(16)
+            h, logits = m.talker(x, 0)  # 9-row prefill
+            h1, logits1 = m.talker(x[:, :1], 9)  # a one-row decode step
+            outs.append((logits, logits1))
+        for a, b in zip(outs[0], outs[1], strict=True):
+            assert torch.equal(a, b)
+        attn_f, attn_p = fused.talker.model.layers[0].self_attn, plain.talker.model.layers[0].self_attn
+        xs = torch.randn(3, attn_p.k_proj.in_features, generator=g)
+        assert torch.equal(attn_f.k_proj(xs), attn_p.k_proj(xs))
+        assert torch.equal(attn_f.k_proj.weight, attn_p.k_proj.weight)
