@@ -86,7 +86,7 @@ def _probe_step(fmt: str, x, w):
     if fmt in DTYPES:
         xd, wd = x.to(DTYPES[fmt]), w.to(DTYPES[fmt])
         return lambda: F.linear(xd, wd)
-    if fmt in ("int8", "w8a8"):  # the layer `--weights fmt` puts in the model, on the activations it passes it
+    if fmt in ("int8", "w8a8", "int4"):  # the layer `--weights fmt` puts in the model, on the activations it passes it
         from torch import nn
 
         from leapvox.engine.quant import quantized_linear

@@ -41,8 +41,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-WEIGHT_FORMATS = ("fp32", "bf16", "int8", "w8a8")
-QUANT_FORMATS = ("int8", "w8a8")  # the formats quantize_model converts (fp32 / bf16 are load dtypes)
+WEIGHT_FORMATS = ("fp32", "bf16", "int8", "w8a8", "int4")
+QUANT_FORMATS = ("int8", "w8a8", "int4")  # the formats quantize_model converts (fp32 / bf16 are load dtypes)
+INT4_GROUP = 64  # int4: one scale and zero per this many input features of an output feature
 # w8a8 rotates the inputs of these layers before their 8-bit rounding: the MLP down-projection's input,
 # silu(gate) * up, is heavy-tailed, and one 8-bit scale per row costs it most of the fidelity (tests/benchmarks/
 # README.md, "w8a8"). The rotation is a Hadamard matrix per block of ROTATION_BLOCK features (or of the largest power
@@ -191,6 +192,53 @@ def hadamard(n: int) -> torch.Tensor:
     return h / math.sqrt(n)
 
 
+class Int4Linear(nn.Module):
+    """4-bit weights in groups of INT4_GROUP input features (asymmetric: a bf16 scale and zero per group and output
+    feature, w ~ (q - 8) * scale + zero with q in 0..15), bf16 activations, torch's prebuilt int4 CPU kernel
+    (aten._weight_int4pack_mm_for_cpu). Needs out_features % 16 == 0 and in_features % INT4_GROUP == 0 (`fits`)."""
+
+    def __init__(self, packed: torch.Tensor, scales_zeros: torch.Tensor, in_features: int, out_features: int,
+                 bias: torch.Tensor | None = None):
+        super().__init__()
+        self.in_features, self.out_features = in_features, out_features
+        self.register_buffer("packed", packed)
+        self.register_buffer("scales_zeros", scales_zeros)  # [K / group, N, 2] bf16
+        self.register_buffer("bias", None if bias is None else bias.detach().clone())
+
+    @staticmethod
+    def fits(linear: nn.Linear) -> bool:
+        return linear.out_features % 16 == 0 and linear.in_features % INT4_GROUP == 0
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear) -> Int4Linear:
+        w = linear.weight.detach().float()
+        n, k = w.shape
+        groups = w.view(n, k // INT4_GROUP, INT4_GROUP)
+        lo, hi = groups.amin(-1, keepdim=True), groups.amax(-1, keepdim=True)
+        scale = ((hi - lo) / 15).clamp_min(1e-12).to(ACT_DTYPE).float()  # the kernel's own (bf16) scale
+        zero = (lo + 8 * scale).to(ACT_DTYPE).float()
+        q = torch.round((groups - zero) / scale + 8).clamp_(0, 15).to(torch.int32).view(n, k)
+        packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 1)
+        scales_zeros = torch.stack([scale.squeeze(-1).t(), zero.squeeze(-1).t()], -1).to(ACT_DTYPE).contiguous()
+        return cls(packed, scales_zeros, k, n, linear.bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shape = x.shape
+        x2 = x.reshape(-1, shape[-1]).to(ACT_DTYPE)
+        y = torch.ops.aten._weight_int4pack_mm_for_cpu(x2, self.packed, INT4_GROUP, self.scales_zeros)
+        y = y.to(x.dtype).reshape(*shape[:-1], self.out_features)
+        return y if self.bias is None else y + self.bias
+
+    @property
+    def weight(self) -> torch.Tensor:
+        """The weight the codes stand for, rounded to bf16 (the kernel applied to the identity; computed on access)."""
+        eye = torch.eye(self.in_features, dtype=ACT_DTYPE)
+        return torch.ops.aten._weight_int4pack_mm_for_cpu(eye, self.packed, INT4_GROUP, self.scales_zeros).t().float()
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
+
+
 class FusedPart(nn.Module):
     """One projection of a fused W8A8 product (output features start..end of `fused`), kept under its own name for
     code that calls or reads that projection alone; the model's forward passes call the fused layer once instead."""
@@ -308,10 +356,12 @@ def rotation_block(width: int) -> int:
 
 
 def quantized_linear(linear: nn.Linear, weights: str, name: str = "") -> nn.Module:
-    """`linear` in the quantized format `weights` (int8 or w8a8); `name` is its attribute name (w8a8 rotates the
+    """`linear` in the quantized format `weights` (int8, w8a8 or int4); `name` is its attribute name (w8a8 rotates the
     inputs of ROTATED_LAYERS, and keeps 16-bit activations where no rotation block fits)."""
     if weights == "int8":
         return Int8Linear.from_linear(linear)
+    if weights == "int4":  # a shape the int4 kernel cannot take keeps 8 bits
+        return Int4Linear.from_linear(linear) if Int4Linear.fits(linear) else Int8Linear.from_linear(linear)
     if weights != "w8a8":
         raise ValueError(f"not a quantized weight format: {weights!r}")
     if name not in ROTATED_LAYERS:
@@ -377,6 +427,8 @@ def linear_weight_bytes(module: nn.Module) -> int:
             total += m.codes.numel() + m.scales.numel() * m.scales.element_size()
         elif isinstance(m, W8A8Linear):
             total += m.in_features * m.out_features + 4 * m.out_features
+        elif isinstance(m, Int4Linear):
+            total += m.packed.numel() * m.packed.element_size() + m.scales_zeros.numel() * 2
         elif isinstance(m, nn.Linear):
             total += m.weight.numel() * m.weight.element_size()
     return total

@@ -186,12 +186,12 @@ def test_official_side_without_a_reference_python_says_how_to_give_one(tiny_fold
 def test_cli_rejects_unknown_formats(capsys):
     from leapvox.app.cli import main
 
-    assert main(["bench", "--weights", "fp32,int4"]) == 2
+    assert main(["bench", "--weights", "fp32,int3"]) == 2
     err = capsys.readouterr().err
-    assert "int4" in err and "hint" in err
-    assert bench.main(["--weights", "fp32,int4"]) == 2  # the developer benchmark too
+    assert "int3" in err and "hint" in err
+    assert bench.main(["--weights", "fp32,int3"]) == 2  # the developer benchmark too
     err = capsys.readouterr().err
-    assert "int4" in err and "hint" in err
+    assert "int3" in err and "hint" in err
 
 
 def test_user_bench_reports_medians_of_every_mode_and_format(tmp_path, capsys):

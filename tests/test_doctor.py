@@ -116,7 +116,8 @@ def test_json_report(capsys, monkeypatch):
     assert r["threads"]["torch_intra_op"] == torch.get_num_threads()
     assert {"fp32", "bf16"} <= set(r["formats"]["available"])
     probe = r["formats"]["probe"]
-    assert probe["fastest"] in ("fp32", "bf16", "int8", "w8a8") and probe["ms"]["fp32"] > 0 and probe["ms"]["bf16"] > 0
+    assert probe["fastest"] in ("fp32", "bf16", "int8", "w8a8", "int4")
+    assert probe["ms"]["fp32"] > 0 and probe["ms"]["bf16"] > 0
     assert r["backends"]["cpu"]["ready"] is True
     if not torch.cuda.is_available():
         assert r["backends"]["cuda"]["ready"] is False and r["backends"]["cuda"]["detail"]
@@ -129,8 +130,8 @@ def test_json_report(capsys, monkeypatch):
 
 
 def test_unknown_formats_are_listed_but_not_probed():
-    p = doctor_cmd.probe_formats(["fp32", "int4"])
-    assert p["ms"]["int4"] is None and p["fastest"] == "fp32" and p["close"] == []
+    p = doctor_cmd.probe_formats(["fp32", "fp8"])
+    assert p["ms"]["fp8"] is None and p["fastest"] == "fp32" and p["close"] == []
 
 
 def test_espeak_ng_missing_for_a_model_that_needs_it(capsys, monkeypatch, tmp_path):
@@ -217,7 +218,7 @@ def test_every_weight_format_is_probed_and_the_auto_default_is_resolved(capsys, 
     from leapvox.engine.quant import resolve_weights
 
     p = doctor_cmd.probe_formats(doctor_cmd.weight_formats())
-    assert DEFAULT_WEIGHTS == "auto" and set(p["ms"]) == {"fp32", "bf16", "int8", "w8a8"}
+    assert DEFAULT_WEIGHTS == "auto" and set(p["ms"]) == {"fp32", "bf16", "int8", "w8a8", "int4"}
     assert all(ms is not None and ms > 0 for ms in p["ms"].values()), p
     assert p["fastest"] in p["ms"]
     here = resolve_weights("auto")
@@ -232,13 +233,13 @@ def test_every_weight_format_is_probed_and_the_auto_default_is_resolved(capsys, 
 
 
 def test_a_format_without_a_probe_is_listed_with_the_reason(capsys):
-    p = doctor_cmd.probe_formats(["fp32", "int4"])
-    assert p["ms"]["int4"] is None and p["fastest"] == "fp32" and "int4" in p["not_probed"]
+    p = doctor_cmd.probe_formats(["fp32", "fp8"])
+    assert p["ms"]["fp8"] is None and p["fastest"] == "fp32" and "fp8" in p["not_probed"]
     report = {"versions": doctor_cmd.versions(), "threads": doctor_cmd.threads(),
-              "formats": {"available": ["fp32", "int4"], "probe": p}, "backends": {}, "audio": doctor_cmd.audio(),
+              "formats": {"available": ["fp32", "fp8"], "probe": p}, "backends": {}, "audio": doctor_cmd.audio(),
               "paths": {}, "models": [{"name": "x", "present": False}], "espeak_ng": {"path": None},
               "speak": {"ready": False, "reason": "r"}}
-    assert "int4 not probed (the doctor has no probe for this format)" in doctor_cmd.render(report)
+    assert "fp8 not probed (the doctor has no probe for this format)" in doctor_cmd.render(report)
 
 
 @pytest.mark.skipif(not bundled_ready(CATALOG["demo"]), reason="no bundled demo model (models/assets/demo/)")

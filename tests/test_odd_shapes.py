@@ -78,7 +78,7 @@ def test_odd_checkpoint_has_the_widths_the_kernel_cannot_take(odd_checkpoint):
     assert not all(kernel_ok(k) for k in widths)
 
 
-@pytest.mark.parametrize("weights", ["fp32", "bf16", "int8", "w8a8"])
+@pytest.mark.parametrize("weights", ["fp32", "bf16", "int8", "w8a8", "int4"])
 def test_every_mode_runs_on_odd_widths(odd_checkpoint, tmp_path, weights):
     out = tmp_path / "out"
     out.mkdir()
