@@ -75,3 +75,12 @@ def tiny_model():
 
 def load_expected() -> dict:
     return json.loads((FIXTURES / "expected.json").read_text())
+
+
+@pytest.fixture(autouse=True)
+def _torch_threads_restored():
+    """Commands run in-process may set torch's thread count (`demo wer` scores on one thread); fp32 results are
+    bit-exact only at one thread count (the reference fixtures: 2), so every test starts with the session's."""
+    threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(threads)
