@@ -211,9 +211,9 @@ class Int4Linear(nn.Module):
 
     @classmethod
     def from_linear(cls, linear: nn.Linear) -> Int4Linear:
-        w = linear.weight.detach().float()
+        w = linear.weight.detach().float().clone()  # a fresh tensor: also fine for weights made outside inference mode
         n, k = w.shape
-        groups = w.view(n, k // INT4_GROUP, INT4_GROUP)
+        groups = w.reshape(n, k // INT4_GROUP, INT4_GROUP)
         lo, hi = groups.amin(-1, keepdim=True), groups.amax(-1, keepdim=True)
         scale = ((hi - lo) / 15).clamp_min(1e-12).to(ACT_DTYPE).float()  # the kernel's own (bf16) scale
         zero = (lo + 8 * scale).to(ACT_DTYPE).float()
