@@ -66,6 +66,17 @@ def control_prefix(cfg: TTSConfig, speaker: str | None, language: str) -> list[i
     return ids + [tc.codec_pad_id, tc.codec_bos_id]
 
 
+def _text_start(talker, cfg, text_ids: list[int]):
+    """The device, the wrapped text's ids [1, n] and the embedded tts_bos, tts_eos, tts_pad rows (3 x [1, 1, H]);
+    an empty text is a one-line InputError."""
+    if len(text_ids) < 9:
+        raise InputError("there is no text to speak", hint="give some words, e.g. leapvox speak \"Hello\"")
+    dev = talker.device
+    ids = torch.tensor([text_ids], device=dev)  # [1, n]
+    special = torch.tensor([[cfg.tts_bos_token_id, cfg.tts_eos_token_id, cfg.tts_pad_token_id]], device=dev)
+    return dev, ids, talker.embed_text(special).chunk(3, dim=1)
+
+
 @torch.inference_mode()
 def build_prompt(
     talker: Talker,
@@ -77,12 +88,7 @@ def build_prompt(
     instruct_ids: list[int] | None = None,
 ) -> Prompt:
     """Prefill rows and trailing text for the wrapped-text token ids (see `wrap_text`)."""
-    if len(text_ids) < 9:
-        raise InputError("there is no text to speak", hint="give some words, e.g. leapvox speak \"Hello\"")
-    dev = talker.device
-    ids = torch.tensor([text_ids], device=dev)  # [1, n]
-    special = torch.tensor([[cfg.tts_bos_token_id, cfg.tts_eos_token_id, cfg.tts_pad_token_id]], device=dev)
-    bos, eos, pad = talker.embed_text(special).chunk(3, dim=1)  # 3 x [1, 1, H]
+    dev, ids, (bos, eos, pad) = _text_start(talker, cfg, text_ids)
     codec = talker.embed_codec(torch.tensor([control_prefix(cfg, speaker, language)], device=dev))  # [1, P, H]
     control = torch.cat([pad.expand(-1, codec.shape[1] - 2, -1), bos], dim=1) + codec[:, :-1]
     rows = [talker.embed_text(ids[:, :3]), control]
@@ -146,12 +152,7 @@ def build_clone_prompt(
     EOS_T on the text track, codec_bos + the reference frames (16 code embeddings summed) on the codec track;
     non-streaming puts the text (over codec_pad) before the frames (over PAD), streaming adds the two tracks row by
     row, the longer track's rest trailing (text) or PAD."""
-    if len(text_ids) < 9:
-        raise InputError("there is no text to speak", hint="give some words, e.g. leapvox speak \"Hello\"")
-    dev = talker.device
-    ids = torch.tensor([text_ids], device=dev)  # [1, n]
-    special = torch.tensor([[cfg.tts_bos_token_id, cfg.tts_eos_token_id, cfg.tts_pad_token_id]], device=dev)
-    bos, eos, pad = talker.embed_text(special).chunk(3, dim=1)  # 3 x [1, 1, H]
+    dev, ids, (bos, eos, pad) = _text_start(talker, cfg, text_ids)
     prefix = talker.embed_codec(torch.tensor([control_prefix(cfg, None, language)], device=dev))  # [1, P, H]
     xvec = voice.xvector.to(dev, prefix.dtype).view(1, 1, -1)
     codec = torch.cat([prefix[:, :-2], xvec, prefix[:, -2:]], dim=1)  # [1, P + 1, H]

@@ -105,14 +105,24 @@ def test_int8_logits_stay_close_to_fp32(tiny_model):
         assert float((a - b).abs().max() / a.std()) < tol
 
 
+# the lowest teacher-forced agreement with fp32 each format may show on the tiny fixtures (measured: int8 and w8a8
+# 0.96-1.0; int4 0.70-0.75, these 64-wide random layers being its worst case: a group of 64 is a whole row, and the
+# demo model agrees 0.96). A broken kernel or packing would agree by chance only (~0.05 over the tiny vocabularies).
+AGREEMENT = {"int8": (Int8Linear, 0.9), "w8a8": (W8A8Linear, 0.9), "int4": (Int4Linear, 0.6)}
+
+
 @pytest.mark.parametrize("ckpt", ["tiny-0b6", "tiny-1b7"])
-def test_int8_code_agreement_with_fp32(ckpt):
+@pytest.mark.parametrize("weights", list(AGREEMENT))
+def test_code_agreement_with_fp32(ckpt, weights):
     from leapvox.models.load import load_model
     from tests.benchmarks.bench import code_agreement
 
-    ref, q = load_model(FIXTURES / ckpt), load_model(FIXTURES / ckpt, weights="int8")
-    assert q.weights == "int8" and ref.weights == "fp32"
-    assert any(isinstance(m, Int8Linear) for m in q.tts.modules())
+    if weights == "w8a8" and w8a8_unavailable_reason():
+        pytest.skip(f"w8a8 does not run here: {w8a8_unavailable_reason()}")
+    layer, bound = AGREEMENT[weights]
+    ref, q = load_model(FIXTURES / ckpt), load_model(FIXTURES / ckpt, weights=weights)
+    assert q.weights == weights and ref.weights == "fp32"
+    assert any(isinstance(m, layer) for m in q.tts.modules())
     a = code_agreement(ref, q, "Hello world, this is a test.", frames=20, seed=1)
     assert a["frames"] >= 10
     for key in (
@@ -121,7 +131,7 @@ def test_int8_code_agreement_with_fp32(ckpt):
         "codes1_15_greedy_agreement",
         "codes1_15_sampled_agreement",
     ):
-        assert a[key] >= 0.9, (key, a)
+        assert a[key] >= bound, (key, a)
 
 
 def test_speak_with_int8_weights_and_the_old_dtype_option(tmp_path, capsys):
@@ -211,21 +221,6 @@ def test_quantize_model_w8a8_rotates_down_projections_and_keeps_the_rest_plain(t
 
 
 @needs_w8a8
-@pytest.mark.parametrize("ckpt", ["tiny-0b6", "tiny-1b7"])
-def test_w8a8_code_agreement_with_fp32(ckpt):
-    from leapvox.models.load import load_model
-    from tests.benchmarks.bench import code_agreement
-
-    ref, q = load_model(FIXTURES / ckpt), load_model(FIXTURES / ckpt, weights="w8a8")
-    assert q.weights == "w8a8" and any(isinstance(m, W8A8Linear) for m in q.tts.modules())
-    a = code_agreement(ref, q, "Hello world, this is a test.", frames=20, seed=1)
-    assert a["frames"] >= 10
-    for key in ("code0_greedy_agreement", "code0_sampled_agreement", "codes1_15_greedy_agreement",
-                "codes1_15_sampled_agreement"):
-        assert a[key] >= 0.9, (key, a)
-
-
-@needs_w8a8
 def test_speak_with_w8a8_weights(tmp_path):
     from leapvox.app.cli import main
 
@@ -300,20 +295,3 @@ def test_int4_linear_computes_with_its_weight_and_odd_shapes_keep_8_bits():
     assert float((out - ref).abs().max()) < 0.02 * float(ref.abs().max())
     assert isinstance(quantized_linear(nn.Linear(128, 40), "int4"), Int8Linear)  # 40 outputs: not a multiple of 16
     assert isinstance(quantized_linear(nn.Linear(96, 32), "int4"), Int8Linear)  # 96 inputs: not groups of 64
-
-
-@pytest.mark.parametrize("ckpt", ["tiny-0b6", "tiny-1b7"])
-def test_int4_code_agreement_with_fp32(ckpt):
-    """4-bit weights agree less with fp32 than 8-bit ones. These tiny random models are the worst case (a group of
-    64 is a whole row of the 64-wide layers; measured 0.70-0.75 here, the demo model 0.96); a broken kernel or
-    packing would give chance agreement (about 0.05 over the tiny vocabularies)."""
-    from leapvox.models.load import load_model
-    from tests.benchmarks.bench import code_agreement
-
-    ref, q = load_model(FIXTURES / ckpt), load_model(FIXTURES / ckpt, weights="int4")
-    assert q.weights == "int4" and any(isinstance(m, Int4Linear) for m in q.tts.modules())
-    a = code_agreement(ref, q, "Hello world, this is a test.", frames=20, seed=1)
-    assert a["frames"] >= 10
-    for key in ("code0_greedy_agreement", "code0_sampled_agreement", "codes1_15_greedy_agreement",
-                "codes1_15_sampled_agreement"):
-        assert a[key] >= 0.6, (key, a)
