@@ -1,4 +1,7 @@
-"""Low-bit weights for the CPU: 8-bit weight-only, per-output-channel quantization of the talker and predictor.
+"""Low-bit weights for the CPU: the talker's and predictor's linears as `int8` (W8A16, below), `w8a8` (the same
+8-bit weights with 8-bit dynamic activations through torch's quantized-linear kernels: W8A8Linear, fused q/k/v and
+gate/up, a Hadamard-rotated down-projection input) or `int4` (Int4Linear); `auto` resolves to w8a8 where it runs.
+Routes and fidelity measured: tests/benchmarks/README.md and engine/README.md.
 
 `int8` stores each linear weight W [N, K] as int8 codes q [N, K] and one scale per output row s [N], with
 W ~ s * q (symmetric, |q| <= 127). Activations stay 16-bit (bf16) in the matrix product and everything else
@@ -33,6 +36,7 @@ layers always take the dequantize path. The checkpoints' widths (1024, 2048, 307
 
 from __future__ import annotations
 
+import functools
 import math
 import platform
 import warnings
@@ -181,15 +185,17 @@ class W8A8Linear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.has_bias}"
 
 
+@functools.cache
 def hadamard(n: int) -> torch.Tensor:
     """The n x n orthonormal Hadamard matrix (Sylvester's construction; n a power of two), fp32. It is symmetric
-    and its own inverse."""
+    and its own inverse. One tensor per size, shared by every rotated layer (read-only)."""
     if n < 1 or n & (n - 1):
         raise ValueError(f"a Hadamard rotation needs a power-of-two size, not {n}")
-    h = torch.ones(1, 1)
-    while h.shape[0] < n:
-        h = torch.cat([torch.cat([h, h], 1), torch.cat([h, -h], 1)])
-    return h / math.sqrt(n)
+    with torch.inference_mode(False):  # cached: a plain tensor, usable whatever mode the first caller was in
+        h = torch.ones(1, 1)
+        while h.shape[0] < n:
+            h = torch.cat([torch.cat([h, h], 1), torch.cat([h, -h], 1)])
+        return h / math.sqrt(n)
 
 
 class Int4Linear(nn.Module):
