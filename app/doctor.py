@@ -324,12 +324,22 @@ def speak_check(model: str | None, model_rows: list[dict], espeak_info: dict) ->
         raw = read_json(folder / "config.json")
     except LeapvoxError as e:
         return {**out, "reason": str(e), "hint": e.hint}
+    from leapvox.models.frontend import FRONTEND_NEEDS, FRONTENDS, hibari_available
+
     frontend = raw.get("leapvox_text_frontend")
+    out["frontend"] = frontend or "none (the tokenizer reads the text)"
+    if frontend and frontend not in FRONTENDS:
+        return {**out, "reason": f"{model} asks for text front end {frontend!r}, which this leapvox does not have",
+                "hint": f"known front ends: {', '.join(FRONTENDS)}"}
+    if frontend in FRONTEND_NEEDS:
+        out["needs"] = FRONTEND_NEEDS[frontend]
     if frontend == "espeak-ng-ipa":
-        out["needs"] = "espeak-ng"
         if espeak_info["path"] is None:
             return {**out, "reason": f"{model} reads phonemes from the espeak-ng program, which is not on PATH",
                     "hint": "apt install espeak-ng (Debian/Ubuntu) or brew install espeak-ng (macOS)"}
+    elif frontend == "hibari-g2p" and not hibari_available():
+        return {**out, "reason": f"{model} reads phonemes from hibari-tts's G2P, which is not installed",
+                "hint": "pip install 'leapvox[hibari]'"}
     weights = sum(p.stat().st_size for p in Path(folder).rglob("*.safetensors"))
     if weights <= LOAD_CHECK_MAX_BYTES:
         from leapvox.models.load import load_model
@@ -424,6 +434,9 @@ def render(r: dict) -> str:
     e = r["espeak_ng"]
     row("espeak-ng", f"{e['path']} ({e['version']})" if e["path"] else "not installed (only the demo model needs it)")
     s = r["speak"]
+    if s.get("frontend"):
+        needs = f" (needs {s['needs']})" if s.get("needs") else " (needs nothing beyond leapvox's own packages)"
+        row("frontend", f"{s['model']}: {s['frontend']}{needs}")
     if s["ready"]:
         loaded = f", loads in {s['loaded_s']:.1f} s" if "loaded_s" in s else ""
         row("speak", f"ready: model {s['model']} from {s['source']}{loaded}")

@@ -2,6 +2,16 @@
 
 `espeak-ng-ipa` (the bundled demo model): English text -> espeak-ng IPA, exactly as the demo's training data was
 made. Needs the espeak-ng program (Debian/Ubuntu: `apt install espeak-ng`; macOS: `brew install espeak-ng`).
+
+`hibari-g2p`: English text -> misaki-style phonemes from hibari-tts's own pure-Python G2P (lexicon, tagger, a small
+ONNX net for unknown words; numbers, dates and units read out), the string hibari's synthesiser reads. Needs only
+pip: `pip install 'leapvox[hibari]'` (hibari-tts 0.2.1, numpy, onnxruntime).
+
+`graphemes`: no front end program at all: the text, lower-cased, typographic quotes and dashes made plain and
+whitespace collapsed, goes straight to the tokenizer (as the real Qwen models read text). Digits and symbols pass
+through as they are; a model trained on text without them has never seen them.
+
+A config naming any other front end is refused (`text_frontend`), rather than fed raw text it was not trained on.
 """
 
 from __future__ import annotations
@@ -52,6 +62,56 @@ def ipa(text: str) -> str:
     return phoneme_string(text, clauses)[0]
 
 
+HIBARI_VERSION = "0.2.1"  # the G2P that made the training phonemes; another version may read words otherwise
+_HIBARI_G2P = None
+
+
+def hibari_available() -> bool:
+    from importlib.util import find_spec
+
+    return find_spec("hibari") is not None
+
+
+def hibari_phonemes(text: str) -> str:
+    """hibari-tts's G2P of `text`: its sentences (hibari's own split) phonemized and joined by spaces."""
+    global _HIBARI_G2P
+    try:
+        from hibari.g2p import G2P
+        from hibari.tts import Hibari
+    except ImportError:
+        raise LeapvoxError(
+            "this model reads phonemes from hibari-tts's G2P, which is not installed",
+            hint=f"pip install 'leapvox[hibari]' (hibari-tts=={HIBARI_VERSION}: pure Python + onnxruntime)",
+        ) from None
+    if _HIBARI_G2P is None:
+        _HIBARI_G2P = G2P(british=False)
+    text = _LONE_NEWLINE.sub(" ", text.replace("\0", " "))
+    return " ".join(p for p in (_HIBARI_G2P(s) for s in Hibari.split_sentences(text)) if p)
+
+
+_PLAIN = str.maketrans({"\u2018": "'", "\u2019": "'", "\u201c": '"', "\u201d": '"', "\u2013": "-", "\u2014": " - ",
+                        "\u2026": "..."})
+
+
+def graphemes(text: str) -> str:
+    """The `graphemes` front end: lower case, plain quotes and dashes, one space between words."""
+    return " ".join(text.translate(_PLAIN).lower().split())
+
+
+FRONTENDS: dict[str, Callable[[str], str]] = {"espeak-ng-ipa": ipa, "hibari-g2p": hibari_phonemes,
+                                              "graphemes": graphemes}
+
+
+# what a front end needs beyond leapvox's own dependencies (doctor shows it); the others need nothing
+FRONTEND_NEEDS = {"espeak-ng-ipa": "espeak-ng", "hibari-g2p": "hibari-tts (pip)"}
+
+
 def text_frontend(raw_config: dict) -> Callable[[str], str] | None:
-    """The text -> text step a model's config.json asks for, or None."""
-    return ipa if raw_config.get("leapvox_text_frontend") == "espeak-ng-ipa" else None
+    """The text -> text step a model's config.json asks for, or None when it names none."""
+    name = raw_config.get("leapvox_text_frontend")
+    if name is None:
+        return None
+    if name not in FRONTENDS:
+        raise LeapvoxError(f"the model asks for text front end {name!r}, which this leapvox does not have",
+                           hint=f"known front ends: {', '.join(FRONTENDS)}; a newer leapvox may have it")
+    return FRONTENDS[name]

@@ -333,3 +333,32 @@ def test_excess_distortion_is_computed_in_fp32_under_autocast():
     with torch.autocast("cpu", dtype=torch.bfloat16):
         under = excess_distortion(logits, codes, codes, books)
     assert under.dtype == torch.float32 and torch.allclose(under, plain, rtol=1e-6, atol=0)
+
+
+def test_graphemes_front_end_trains_on_the_text_and_writes_it_into_the_config(tmp_path):
+    """`--frontend graphemes`: the tokenizer and the examples read the sentences' text (no phonemes), the export's
+    config names the front end, and a model from --init cannot switch front ends."""
+    import json
+
+    import pytest
+
+    from leapvox.engine.errors import InputError
+    from leapvox.models.frontend import graphemes
+    from leapvox.models.recipes.demo.train import load_examples, model_texts
+    from leapvox.models.tokenizer import TextTokenizer
+
+    data = tmp_path / "data"
+    data.mkdir()
+    fake_data(data)
+    split = torch.load(data / "train.pt", weights_only=False)
+    assert model_texts(split) == PHONEMES  # the data's own phonemes (espeak-ng-ipa: data built before teachers)
+    assert model_texts(split, "graphemes") == [graphemes(t) for t in split["text"]]
+    run = tmp_path / "run"
+    export = train(str(data), str(run), steps=2, batch=4, save_every=2, size="tiny", threads=1, frontend="graphemes",
+                   log=lambda m: None)
+    assert json.loads((export / "config.json").read_text())["leapvox_text_frontend"] == "graphemes"
+    tok = TextTokenizer(export)
+    examples = load_examples(data, "train", tok, frontend="graphemes")
+    assert examples[0].body == tok(graphemes(split["text"][0]))
+    with pytest.raises(InputError, match="--frontend hibari-g2p differs"):
+        train(str(data), str(tmp_path / "again"), steps=1, init=str(export), frontend="hibari-g2p", log=lambda m: None)

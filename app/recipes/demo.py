@@ -1,6 +1,7 @@
 """`leapvox demo build-data|wer`: build the demo model's training data and measure intelligibility.
 
-Both need the `demo` extra (pip install 'leapvox[demo]') and the Debian packages espeak-ng and fortunes.
+Both need the `demo` extra (pip install 'leapvox[demo]') and the Debian package fortunes; the espeak teacher
+also the espeak-ng program.
 Only argparse here at import time. Data on stdout (JSON), progress on stderr.
 """
 
@@ -9,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from importlib.util import find_spec
 from pathlib import Path
 
 from leapvox.engine.options import MODES
@@ -23,10 +25,16 @@ def add_commands(sub) -> None:
     dsub = d.add_subparsers(dest="demo_command", metavar="SUBCOMMAND")
     d.set_defaults(func=lambda args: _usage(d))
 
-    p = dsub.add_parser("build-data", help="fortunes -> espeak-ng -> demo codec fit + codes (train/test)")
+    p = dsub.add_parser("build-data", help="fortunes -> teacher speech -> demo codec fit + codes (train/test)")
     p.add_argument("--out", required=True, type=Path, help="output folder (e.g. /work/demo_data)")
+    p.add_argument("--teacher", choices=["espeak", "hibari"], default="espeak",
+                   help="who speaks the sentences: espeak (the espeak-ng program, IPA phonemes; the bundled model's "
+                        "data) or hibari (hibari-tts from pip, voice heart, its G2P's phonemes) (default espeak; "
+                        "--extra uses the folder's own teacher)")
     p.add_argument("--test-size", type=int, default=500, help="held-out sentences (default 500)")
-    p.add_argument("--variants", type=int, default=3, help="renditions per sentence, 1-9 (default 3)")
+    p.add_argument("--variants", type=int, default=3,
+                   help="renditions per sentence: the canonical voice + random grid points (espeak: 3 speeds x 3 "
+                        "pitches, 1-9; hibari: 5 speeds, 1-5) (default 3)")
     p.add_argument("--fit-sentences", type=int, default=2400, help="train sentences that fit the codec")
     p.add_argument("--limit", type=int, help="keep only this many train sentences (quick trials)")
     p.add_argument("--workers", type=int, default=2, help="processes (default 2)")
@@ -36,13 +44,14 @@ def add_commands(sub) -> None:
                         "any word), none equal to a train or test sentence, encoded with its codec")
     p.set_defaults(func=cmd_build_data)
 
-    p = dsub.add_parser("wer", help="pocketsphinx WER on the test split: raw espeak, codec resynthesis, models")
+    p = dsub.add_parser("wer", help="pocketsphinx WER on the test split: raw teacher, codec resynthesis, models")
     p.add_argument("--data", required=True, type=Path, help="folder written by build-data")
     p.add_argument("-n", type=int, default=300, help="test sentences to score (default 300)")
-    p.add_argument("--what", default="espeak,codec",
-                   help="comma list of: espeak, codec, and predictor (each --model's codes 1..15 over the true "
-                        "code 0, talker teacher-forced; with the demo codec also the codec-space error after each "
-                        "code) (default espeak,codec)")
+    p.add_argument("--what", default="teacher,codec",
+                   help="comma list of: teacher (the data's teacher, raw), espeak, hibari (that teacher, raw), codec "
+                        "(the data's teacher through the data's codec), and predictor (each --model's codes 1..15 "
+                        "over the true code 0, talker teacher-forced; with the demo codec also the codec-space error "
+                        "after each code) (default teacher,codec)")
     p.add_argument("--model", action="append", default=[],
                    help="also score this model's synthesis (repeatable; sentence i sampled with seed i)")
     p.add_argument("--true-codes", type=int, default=0, metavar="K",
@@ -96,6 +105,9 @@ def add_commands(sub) -> None:
                    help="how codes 1..15 learn: cross-entropy on the codec's codes (default), or the expected codec "
                         "distortion of the predictor's choice, on its own draws (what the demo model ships with; "
                         "see models/recipes/demo/README.md)")
+    p.add_argument("--frontend", choices=["espeak-ng-ipa", "hibari-g2p", "graphemes"],
+                   help="text front end of a new model (default: the data's phonemes: espeak-ng-ipa for espeak data, "
+                        "hibari-g2p for hibari data); graphemes = the text itself, no front end")
     p.set_defaults(func=cmd_train)
 
 
@@ -114,7 +126,7 @@ def cmd_train(args) -> int:
                 size=args.size, threads=args.threads, device=args.device, lr=args.lr, dropout=args.dropout,
                 cp_fraction=cp_fraction, part=args.part, init=str(args.init) if args.init else None,
                 predictor_layers=args.predictor_layers, minutes=args.minutes, extra=not args.no_extra,
-                sampled=args.sampled_residuals, objective=args.predictor_objective,
+                sampled=args.sampled_residuals, objective=args.predictor_objective, frontend=args.frontend,
                 log=lambda m: print(m, file=sys.stderr, flush=True))
     print(out)
     return 0
@@ -126,21 +138,30 @@ def _usage(parser: argparse.ArgumentParser) -> int:
 
 
 def cmd_build_data(args) -> int:
-    from leapvox.models.recipes.demo.data import build_data
+    from leapvox.models.recipes.demo.data import build_data, dataset_teacher, max_variants
 
-    if not 1 <= args.variants <= 9:
-        print("leapvox: --variants must be 1..9", file=sys.stderr)
-        return 2
+    teacher = args.teacher
     if args.extra:
         from leapvox.models.recipes.demo.data import build_extra
 
         if not (args.out / "train.pt").is_file():
             print(f"leapvox: no train.pt in {args.out} (hint: build the data first, without --extra)", file=sys.stderr)
             return 2
-        print(json.dumps(build_extra(args.out, variants=args.variants, workers=args.workers, seed=args.seed), indent=2))
+        manifest = args.out / "manifest.json"
+        teacher = dataset_teacher(json.loads(manifest.read_text()) if manifest.is_file() else None)
+    if not 1 <= args.variants <= max_variants(teacher):
+        print(f"leapvox: --variants must be 1..{max_variants(teacher)} for the {teacher} teacher", file=sys.stderr)
+        return 2
+    if teacher == "hibari" and find_spec("hibari") is None:
+        print("leapvox: the hibari teacher needs hibari-tts (hint: pip install 'leapvox[demo]')", file=sys.stderr)
+        return 2
+    if args.extra:
+        print(json.dumps(build_extra(args.out, variants=args.variants, workers=args.workers, seed=args.seed,
+                                     teacher=teacher), indent=2))
         return 0
     manifest = build_data(args.out, test_size=args.test_size, variants=args.variants,
-                          fit_sentences=args.fit_sentences, workers=args.workers, seed=args.seed, limit=args.limit)
+                          fit_sentences=args.fit_sentences, workers=args.workers, seed=args.seed, limit=args.limit,
+                          teacher=teacher)
     print(json.dumps({"out": str(args.out), "split": manifest["split"], "timings": manifest["timings"]}, indent=2))
     return 0
 
@@ -187,17 +208,19 @@ def cmd_wer(args) -> int:
         modes = []
     torch.set_num_threads(1)
     split = torch.load(args.data / "test.pt")
+    teacher = split.get("teacher", "espeak")
     texts = split["text"][: args.n]
-    results, report = {}, {"sentences": len(texts)}
+    results, report = {}, {"sentences": len(texts), "teacher": teacher}
     for what in wanted:
-        if what == "espeak":
-            results[what] = quality.score_espeak(texts, args.workers)
+        if what in ("teacher", "espeak", "hibari"):
+            results[what] = quality.score_teacher(texts, teacher if what == "teacher" else what, args.workers)
         elif what == "codec":
-            results[what] = quality.score_codec(texts, load_codec(args.data / "speech_tokenizer"), args.workers)
+            results[what] = quality.score_codec(texts, load_codec(args.data / "speech_tokenizer"), args.workers,
+                                                teacher)
         elif what == "predictor":
             continue  # per --model, below
         else:
-            print(f"leapvox: unknown --what {what!r} (espeak, codec, predictor)", file=sys.stderr)
+            print(f"leapvox: unknown --what {what!r} (teacher, espeak, hibari, codec, predictor)", file=sys.stderr)
             return 2
         report[what] = results[what].summary()
     if args.model and modes:

@@ -145,39 +145,52 @@ def score_audio(texts: list[str], make_audio: Callable[[str, int], tuple[np.ndar
     return word_errors(texts, transcribe_all(clips, workers))
 
 
+def teacher_audio(teacher: str = "espeak"):
+    """text, index -> the teacher's canonical 24 kHz audio (hibari: noise seed = the index)."""
+    from .data import TEACHERS
+
+    t = TEACHERS[teacher]
+    return lambda text, i: t.render(text, *t.canonical, i)[0]
+
+
+def score_teacher(texts: list[str], teacher: str = "espeak", workers: int = 2) -> WerResult:
+    """(a) Raw teacher audio, canonical voice, at 24 kHz as the codec sees it."""
+    audio = teacher_audio(teacher)
+    return score_audio(texts, lambda t, i: (audio(t, i).numpy(), 24000), workers)
+
+
 def score_espeak(texts: list[str], workers: int = 2) -> WerResult:
     """(a) Raw espeak-ng audio (canonical voice, resampled to 24 kHz as the codec sees it)."""
-    from .data import espeak, to_24k
-
-    return score_audio(texts, lambda t, i: (to_24k(espeak(t)[0]).numpy(), 24000), workers)
+    return score_teacher(texts, "espeak", workers)
 
 
-def score_codec(texts: list[str], codec, workers: int = 2) -> WerResult:
-    """(b) Codec resynthesis: espeak -> encode -> one-shot decode."""
-    from .data import espeak, to_24k
+def score_codec(texts: list[str], codec, workers: int = 2, teacher: str = "espeak") -> WerResult:
+    """(b) Codec resynthesis: teacher audio -> encode -> one-shot decode."""
+    audio = teacher_audio(teacher)
 
     def resynth(text, i):
         with torch.no_grad():
-            codes = codec.encode(to_24k(espeak(text)[0]))  # [T, 16]
+            codes = codec.encode(audio(text, i))  # [T, 16]
             return codec(codes.t()[None])[0, 0].numpy(), 24000
 
     return score_audio(texts, resynth, workers)
 
 
 def canonical_utterances(split: dict, n: int) -> list[int]:
-    """Utterance index of the canonical espeak rendition of each sentence 0..n-1 of a build-data split."""
+    """Utterance index of the canonical rendition of each sentence 0..n-1 of a build-data split (the split's own
+    `canonical` (speed, pitch); espeak's for data built before teachers were recorded)."""
     from leapvox.models.frontend import CANONICAL
 
-    out = {}
+    canonical, out = tuple(split.get("canonical", CANONICAL)), {}
     for u in range(len(split["sentence"])):
         s = int(split["sentence"][u])
-        if s < n and (int(split["speed"][u]), int(split["pitch"][u])) == CANONICAL:
+        if s < n and (int(split["speed"][u]), int(split["pitch"][u])) == canonical:
             out[s] = u
     return [out[s] for s in range(n)]
 
 
 def canonical_frames(split: dict, n: int) -> list[int]:
-    """Frames of the canonical espeak rendition of sentences 0..n-1 of a build-data split (the length reference)."""
+    """Frames of the canonical rendition of sentences 0..n-1 of a build-data split (the length reference)."""
     return [int(split["offsets"][u + 1] - split["offsets"][u]) for u in canonical_utterances(split, n)]
 
 
@@ -218,9 +231,12 @@ def teacher_forced_codes(loaded, split: dict, n: int, params=None, true_codes: i
     ones drawn with K = 0): scoring K = 0, 3, 7 ... shows which residual groups the gap sits in."""
     from leapvox.engine.predictor import PredictorLoop
 
-    from .train import Example, make_batch
+    from .train import Example, make_batch, model_texts
 
     tts, cfg, tok = loaded.tts, loaded.config, loaded.tokenizer
+    import json
+
+    texts = model_texts(split, json.loads((loaded.path / "config.json").read_text()).get("leapvox_text_frontend"))
     tts.eval()
     role = tok("<|im_start|>assistant\n")
     params = params or loaded.defaults.predictor
@@ -228,7 +244,7 @@ def teacher_forced_codes(loaded, split: dict, n: int, params=None, true_codes: i
     out = []
     for s, u in enumerate(canonical_utterances(split, n)):
         codes = split["codes"][split["offsets"][u] : split["offsets"][u + 1]].long()
-        x, _, starts, _ = make_batch(tts, cfg, [Example(role, tok(split["phonemes"][s]), codes)])
+        x, _, starts, _ = make_batch(tts, cfg, [Example(role, tok(texts[s]), codes)])
         h = tts.talker.model.forward_train(x, 0.0)  # [1, S, H]; row L-1+k produced code 0 of frame k
         g, L, rows = torch.Generator().manual_seed(s), starts[0], []
         for k in range(len(codes)):

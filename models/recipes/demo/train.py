@@ -39,9 +39,10 @@ def _layer(h: int, heads: int) -> dict:
 
 
 def demo_config(text_vocab_size: int, special_ids: dict[str, int], assistant_id: int, size: str = "small",
-                predictor_layers: int | None = None) -> dict:
+                predictor_layers: int | None = None, frontend: str = "espeak-ng-ipa") -> dict:
     """config.json for the demo model: code 0 in 0..1023, control ids in the suppressed range 1024..2047.
-    `predictor_layers` overrides the size's code-predictor depth."""
+    `predictor_layers` overrides the size's code-predictor depth; `frontend` is its text front end
+    (models/frontend.py)."""
     z = SIZES[size]
     cp_layers = predictor_layers or z["cp_layers"]
     talker = dict(
@@ -55,7 +56,7 @@ def demo_config(text_vocab_size: int, special_ids: dict[str, int], assistant_id:
     )
     return {
         "model_type": "qwen3_tts", "tts_model_type": "custom_voice", "tts_model_size": "demo",
-        "tokenizer_type": "qwen3_tts_tokenizer_12hz", "leapvox_text_frontend": "espeak-ng-ipa",
+        "tokenizer_type": "qwen3_tts_tokenizer_12hz", "leapvox_text_frontend": frontend,
         "im_start_token_id": special_ids["<|im_start|>"], "im_end_token_id": special_ids["<|im_end|>"],
         "assistant_token_id": assistant_id, "tts_pad_token_id": special_ids["<tts_pad>"],
         "tts_bos_token_id": special_ids["<tts_text_bos>"], "tts_eos_token_id": special_ids["<tts_text_eod>"],
@@ -251,12 +252,33 @@ def loss_on(model: TTSModel, cfg: TTSConfig, batch: list[Example], dropout: floa
     return l0, excess_distortion(cp_logits, codes, read[bi, ki], books)
 
 
+def split_frontend(split: dict) -> str:
+    """The phoneme front end a build-data split's `phonemes` were made with (espeak-ng-ipa before teachers)."""
+    return split.get("frontend", "espeak-ng-ipa")
+
+
+def model_texts(split: dict, frontend: str | None = None) -> list[str]:
+    """Per sentence, the string the model's tokenizer reads under text front end `frontend` (default: the split's
+    own phonemes): the stored phonemes for the front end that made them, `graphemes` of the text, or any other
+    front end run on the text now. "" marks a sentence to skip (phonemes that did not come out)."""
+    from leapvox.models.frontend import FRONTENDS
+
+    frontend = frontend or split_frontend(split)
+    if frontend == split_frontend(split):
+        return list(split["phonemes"])
+    if frontend not in FRONTENDS:
+        raise InputError(f"unknown text front end {frontend!r}", hint=f"one of {', '.join(FRONTENDS)}")
+    return [FRONTENDS[frontend](t) for t in split["text"]]
+
+
 def load_examples(data_dir: Path, split: str, tokenize, max_frames: int = 200,
-                  sentences: range | None = None) -> list[Example]:
-    """The utterances of `split`.pt (only those of the sentence indices in `sentences` when given)."""
+                  sentences: range | None = None, frontend: str | None = None) -> list[Example]:
+    """The utterances of `split`.pt (only those of the sentence indices in `sentences` when given), their text
+    through `frontend` (`model_texts`)."""
     from .data import EXCLUDED_SOURCES
 
     d = torch.load(data_dir / f"{split}.pt", weights_only=False)
+    texts = model_texts(d, frontend)
     role = tokenize("<|im_start|>assistant\n")
     out = []
     for u in range(len(d["sentence"])):
@@ -264,9 +286,9 @@ def load_examples(data_dir: Path, split: str, tokenize, max_frames: int = 200,
         if sentences is not None and s not in sentences:
             continue
         codes = d["codes"][d["offsets"][u] : d["offsets"][u + 1]].long()
-        if not d["phonemes"][s] or len(codes) > max_frames or d["source"][s] in EXCLUDED_SOURCES:
+        if not texts[s] or len(codes) > max_frames or d["source"][s] in EXCLUDED_SOURCES:
             continue
-        out.append(Example(role, tokenize(d["phonemes"][s]), codes))
+        out.append(Example(role, tokenize(texts[s]), codes))
     return out
 
 
@@ -346,7 +368,8 @@ def train(data_dir: str, out_dir: str, steps: int = 20000, batch: int = 16, lr: 
           dropout: float = 0.1, cp_fraction: float = 0.25, save_every: int = 500, seed: int = 0,
           threads: int | None = None, size: str = "small", device: str | None = None, log=print,
           part: str = "all", init: str | None = None, predictor_layers: int | None = None,
-          minutes: float | None = None, extra: bool = True, sampled: float = 0.0, objective: str = "ce") -> Path:
+          minutes: float | None = None, extra: bool = True, sampled: float = 0.0, objective: str = "ce",
+          frontend: str | None = None) -> Path:
     """Train (or resume) the demo model on `device` (default: CUDA when present, else CPU); returns the export.
 
     Data: `train.pt`, plus `extra.pt` (build-data --extra) when present and `extra`. The held-out loss is
@@ -371,7 +394,11 @@ def train(data_dir: str, out_dir: str, steps: int = 20000, batch: int = 16, lr: 
     inference); `best/` is chosen by l0s + lcp.
 
     `objective="distortion"` trains codes 1..15 by `excess_distortion` (on policy, the predictor reading its own
-    draws) instead of cross-entropy; `lcp` then reports that loss."""
+    draws) instead of cross-entropy; `lcp` then reports that loss.
+
+    `frontend` is the text front end of a new model (written into its config.json): default the data's own
+    phonemes (espeak-ng-ipa or hibari-g2p), or `graphemes` (the text itself). A model from `init` keeps its
+    config's front end."""
     if part not in ("all", "predictor"):
         raise ValueError(f"part must be 'all' or 'predictor', got {part!r}")
     if objective not in OBJECTIVES:
@@ -393,14 +420,20 @@ def train(data_dir: str, out_dir: str, steps: int = 20000, batch: int = 16, lr: 
         for f in ("vocab.json", "merges.txt", "tokenizer_config.json"):
             shutil.copy(cfg_src / f, tok_dir / f)
         cfg_dict = json.loads((cfg_src / "config.json").read_text())
+        if frontend and frontend != cfg_dict.get("leapvox_text_frontend"):
+            raise InputError(f"--frontend {frontend} differs from {cfg_src}'s {cfg_dict.get('leapvox_text_frontend')}",
+                             hint="a model keeps the front end its tokenizer was made for; train a new one instead")
         if predictor_layers:
             cfg_dict["talker_config"]["code_predictor_config"]["num_hidden_layers"] = predictor_layers
         log(f"config and tokenizer from {cfg_src} (--size ignored)")
     else:
-        phonemes = [p for name in splits for p in torch.load(data / f"{name}.pt", weights_only=False)["phonemes"]]
-        ids = write_tokenizer(tok_dir, phonemes)
-        cfg_dict = demo_config(ids["vocab_size"], ids["special"], ids["assistant"], size, predictor_layers)
+        loaded = [torch.load(data / f"{name}.pt", weights_only=False) for name in splits]
+        frontend = frontend or split_frontend(loaded[0])
+        ids = write_tokenizer(tok_dir, [t for d in loaded for t in model_texts(d, frontend)])
+        del loaded
+        cfg_dict = demo_config(ids["vocab_size"], ids["special"], ids["assistant"], size, predictor_layers, frontend)
     tokenizer = TextTokenizer(tok_dir)
+    frontend = cfg_dict.get("leapvox_text_frontend", "espeak-ng-ipa")
     cfg = TTSConfig.from_dict(cfg_dict)
     torch.manual_seed(seed)
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
@@ -410,9 +443,9 @@ def train(data_dir: str, out_dir: str, steps: int = 20000, batch: int = 16, lr: 
         from .codec_fit import load_codec
 
         books = [b.detach().to(device) for b in load_codec(data / "speech_tokenizer").codebooks]
-    examples = [e for name in splits for e in load_examples(data, name, tokenizer)]
-    held_out = (load_examples(data, "test", tokenizer, sentences=HELD_OUT_SENTENCES)
-                or load_examples(data, "test", tokenizer)[:64])  # a small test split (trials): its first utterances
+    examples = [e for name in splits for e in load_examples(data, name, tokenizer, frontend=frontend)]
+    held_out = (load_examples(data, "test", tokenizer, sentences=HELD_OUT_SENTENCES, frontend=frontend)
+                or load_examples(data, "test", tokenizer, frontend=frontend)[:64])  # small test split (trials)
     frozen = part == "predictor"
     if frozen:
         for p in model.parameters():
@@ -451,7 +484,7 @@ def train(data_dir: str, out_dir: str, steps: int = 20000, batch: int = 16, lr: 
     n_params = sum(p.numel() for p in model.parameters())
     trained = sum(p.numel() for p in model.parameters() if p.requires_grad)
     log(f"{len(examples)} training utterances ({' + '.join(splits)}), {len(held_out)} held-out, {n_params:,} params "
-        f"({trained:,} trained), on {device}")
+        f"({trained:,} trained), text front end {frontend}, on {device}")
     autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda")
     budget = minutes * 60 if minutes else None
     t_start, t0 = time.time() - elapsed, time.time()
