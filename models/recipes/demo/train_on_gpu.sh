@@ -12,6 +12,8 @@
 # Needs torch with CUDA, safetensors, transformers; leapvox is imported from this checkout (no install).
 # DEVICE=cpu runs the same on the CPU (a dry run of the script); INIT=FOLDER starts every run from that model
 # folder (e.g. models/assets/demo: its config and tokenizer too, so the size field is then ignored).
+# FRONTEND=graphemes|hibari-g2p|espeak-ng-ipa sets a new model's text front end (default: the data's phonemes).
+# Hibari data (build-data --teacher hibari) has its own codec: pack it with the codec (no --no-codec).
 set -euo pipefail
 pack=$1 out=$2 minutes=$3
 shift 3
@@ -48,7 +50,8 @@ for r in "${runs[@]}"; do
   IFS=: read -r name size batch lr dropout sampled objective <<<"$r"
   python3 -m leapvox.app.cli demo train --data "$work/data" --out "$work/$name" --size "$size" --batch "$batch" \
     --lr "$lr" --dropout "$dropout" --cp-fraction 1.0 --steps 1000000 --minutes "$minutes" --save-every 400 \
-    --sampled-residuals "${sampled:-0}" --predictor-objective "${objective:-ce}" --threads 4 --device "$device" ${INIT:+--init "$INIT"} >"$out/$name.log" 2>&1 &
+    --sampled-residuals "${sampled:-0}" --predictor-objective "${objective:-ce}" --threads 4 --device "$device" ${INIT:+--init "$INIT"} \
+    ${FRONTEND:+--frontend "$FRONTEND"} >"$out/$name.log" 2>&1 &
   pids+=($!)
 done
 status=0
