@@ -105,6 +105,7 @@ def probe_formats(formats: list[str], budget_s: float = 0.06) -> dict:
     import torch
 
     from leapvox.app.common import DEFAULT_WEIGHTS
+    from leapvox.engine import kernels
     from leapvox.engine.quant import resolve_weights
 
     n_in, n_out = PROBE_SHAPE
@@ -144,6 +145,7 @@ def probe_formats(formats: list[str], budget_s: float = 0.06) -> dict:
         "close": [k for k, v in timed.items() if k != fastest and v <= 1.1 * timed[fastest]],
         "default": DEFAULT_WEIGHTS,  # what --weights uses when not given
         "default_here": resolve_weights(DEFAULT_WEIGHTS),  # the format that default is on this machine
+        "w8a8_kernel": kernels.describe(),  # leapvox's compiled kernel, or torch's and why
     }
     if not_probed:
         out["not_probed"] = not_probed
@@ -412,6 +414,8 @@ def render(r: dict) -> str:
         if p.get("default") else ""
     row("formats", f"{', '.join(f['available'])}{default}; fastest here: {p['fastest'] or '?'}{close}")
     more(f"(a quick probe, not a benchmark: {p['shape']} per call: {timings})")
+    if p.get("w8a8_kernel"):
+        more(f"w8a8 runs on {p['w8a8_kernel']}")
     block("backends", [f"{name:<7} {'ready' if b['ready'] else 'no'}: {b['detail']}"
                        for name, b in r["backends"].items()])
     a = r["audio"]

@@ -39,8 +39,10 @@ class CodePredictor(nn.Module):
         return len(self.lm_head)
 
     def embed(self, group: int, codes: torch.Tensor) -> torch.Tensor:
-        """Codes of group `group` (1..14) [B, T] -> input rows [B, T, Hc] (private table, then projection)."""
-        return self.small_to_mtp_projection(self.model.codec_embedding[group - 1](codes))
+        """Codes of group `group` (1..14) [B, T] -> input rows [B, T, Hc] (private table, then projection). The
+        table may be kept as stored (a quantized model's, e.g. bf16): its rows are cast to the compute dtype."""
+        rows = self.model.codec_embedding[group - 1](codes).to(self.model.norm.weight.dtype)
+        return self.small_to_mtp_projection(rows)
 
     def forward(self, x: torch.Tensor, start: int, head: int, mask: torch.Tensor | None = None) -> torch.Tensor:
         """Projected rows [B, T, Hc] at positions start.. -> logits of LM head `head` [B, T, Vp]."""

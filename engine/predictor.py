@@ -38,7 +38,7 @@ from torch import nn
 
 from .code_predictor import CodePredictor
 from .layers import rope_cos_sin, rope_inv_freq
-from .quant import ACT_DTYPE, DEQUANT_ROWS, REDUCE_RANGE, Int8Linear, W8A8Linear
+from .quant import ACT_DTYPE, DEQUANT_ROWS, Int8Linear, W8A8Linear
 from .sampling import SamplingParams, pick
 from .transformer import causal_mask
 
@@ -92,8 +92,7 @@ def product(linear: nn.Module, split: bool, rows: bool = False) -> Product:
     if isinstance(linear, W8A8Linear):  # x is fp32 [T, K] here: the kernel's own input, no reshape or cast
         if linear.rotation is not None:
             return linear.forward
-        packed = linear.packed
-        return lambda x: torch.ops.quantized.linear_dynamic(x, packed, REDUCE_RANGE)
+        return linear.product()
     if not isinstance(linear, nn.Linear):
         return linear  # Identity, or a module we do not know: call it
     w, b = linear.weight, linear.bias
@@ -255,7 +254,7 @@ class PredictorLoop:
             code = pick(lm_head(h).float(), params, generator)  # [1]
             codes.append(code)
             if head + 1 < len(self.heads):
-                h = self.hidden(self.project(F.embedding(code, self.tables[head])), head + 2)
+                h = self.hidden(self.project(F.embedding(code, self.tables[head]).to(self.dtype)), head + 2)
         return torch.stack(codes, dim=1)
 
     def __call__(
@@ -275,7 +274,7 @@ class PredictorLoop:
 def _signature(cp: CodePredictor) -> tuple:
     """What a built loop depends on: the thread setting and the identity and storage of every weight."""
     weights = [*cp.parameters()] + [b for m in cp.modules() if isinstance(m, Int8Linear) for b in (m.codes, m.scales)]
-    packed = [id(m.packed) for m in cp.modules() if isinstance(m, W8A8Linear)]
+    packed = [id(m.packed if m.op is None else m.wpack) for m in cp.modules() if isinstance(m, W8A8Linear)]
     return (torch.get_num_threads(), *((id(w), w.data_ptr()) for w in weights), *packed)
 
 

@@ -40,10 +40,14 @@ import functools
 import math
 import platform
 import warnings
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from . import kernels
+from .memory import return_freed_memory
 
 WEIGHT_FORMATS = ("fp32", "bf16", "int8", "w8a8", "int4")
 QUANT_FORMATS = ("int8", "w8a8", "int4")  # the formats quantize_model converts (fp32 / bf16 are load dtypes)
@@ -120,11 +124,13 @@ class Int8Linear(nn.Module):
 
 class W8A8Linear(nn.Module):
     """A linear layer over int8 weights (per-output-channel scales) whose activations are quantized to 8 bits on
-    each call, per tensor (one scale and zero point for the whole input; per row at batch 1), and multiplied in
-    integers by torch's prebuilt quantized-linear kernels (FBGEMM on x86-64: AVX-512 VNNI / AVX2; QNNPACK on arm64).
+    each call and multiplied in integers: by leapvox's own AVX-512 VNNI kernel where it is built (engine.kernels:
+    activations quantized per row) or else by torch's prebuilt quantized-linear kernels
+    (FBGEMM on x86-64: AVX-512 VNNI / AVX2; QNNPACK on arm64: activations quantized per tensor, one scale and zero
+    point for the whole input; the same as per row at batch 1).
 
-    The weights live only in the kernel's packed form (no second copy); `codes`, `scales` and `weight` unpack them.
-    On an x86 CPU without VNNI the activations use 7 bits (`REDUCE_RANGE`): FBGEMM's AVX2 path sums pairs of
+    The weights live only in the kernel's packed form; `codes`, `scales` and `weight` unpack them. With torch's
+    kernels on an x86 CPU without VNNI the activations use 7 bits (`REDUCE_RANGE`): FBGEMM's AVX2 path sums pairs of
     8-bit products in 16 bits, which 8-bit activations can overflow."""
 
     def __init__(
@@ -134,7 +140,16 @@ class W8A8Linear(nn.Module):
         super().__init__()
         self.out_features, self.in_features = codes.shape
         self.has_bias = bias is not None
-        self.packed = _prepack(codes, scales, None if bias is None else bias.detach().float().clone())
+        bias = None if bias is None else bias.detach().float().clone()
+        self.op = kernels.w8a8_op()  # leapvox's kernel, or None: torch's
+        if self.op is not None:
+            self.packed = None
+            self.register_buffer("wpack", kernels.pack(codes))
+            self.register_buffer("wscale", scales.detach().float().contiguous())
+            self.register_buffer("wsum", codes.sum(1, dtype=torch.int32))
+            self.register_buffer("wbias", bias)
+        else:
+            self.packed = _prepack(codes, scales, bias)
         # [B, B] orthonormal, or None: the weight's codes stand for W R^T block by block, so inputs are rotated by R
         self.register_buffer("rotation", rotation)
         self.split_sizes = [self.out_features]  # a fused layer's parts (fuse_projections), in output order
@@ -150,12 +165,23 @@ class W8A8Linear(nn.Module):
         codes, scales = quantize_weight(w, torch.float32, 127.0)
         return cls(codes, scales, linear.bias, rotation)
 
+    def product(self) -> Callable[[torch.Tensor], torch.Tensor]:
+        """x fp32 [T, K] (contiguous rows, already rotated) -> fp32 [T, N]: the bare kernel call."""
+        if self.op is not None:
+            op, w, s, ws, b = self.op, self.wpack, self.wscale, self.wsum, self.wbias
+            return lambda x: op(x, w, s, ws, b)
+        packed = self.packed
+        return lambda x: torch.ops.quantized.linear_dynamic(x, packed, REDUCE_RANGE)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
         x2 = x.reshape(-1, shape[-1]).float()
         if self.rotation is not None:
             x2 = (x2.reshape(-1, self.rotation.shape[0]) @ self.rotation).reshape(-1, shape[-1])  # R x per block
-        y = torch.ops.quantized.linear_dynamic(x2, self.packed, REDUCE_RANGE)
+        if self.op is not None:
+            y = self.op(x2.contiguous(), self.wpack, self.wscale, self.wsum, self.wbias)
+        else:
+            y = torch.ops.quantized.linear_dynamic(x2, self.packed, REDUCE_RANGE)
         return y.to(x.dtype).reshape(*shape[:-1], self.out_features)
 
     def _unpacked(self):
@@ -163,20 +189,22 @@ class W8A8Linear(nn.Module):
 
     @property
     def codes(self) -> torch.Tensor:
+        if self.op is not None:
+            return kernels.unpack(self.wpack, self.out_features, self.in_features)
         return self._unpacked()[0].int_repr()
 
     @property
     def scales(self) -> torch.Tensor:
-        return self._unpacked()[0].q_per_channel_scales().float()
+        return self.wscale if self.op is not None else self._unpacked()[0].q_per_channel_scales().float()
 
     @property
     def bias(self) -> torch.Tensor | None:
-        return self._unpacked()[1]
+        return self.wbias if self.op is not None else self._unpacked()[1]
 
     @property
     def weight(self) -> torch.Tensor:
         """The fp32 weight the codes stand for (computed on each access; rotated back when the input is rotated)."""
-        w = self._unpacked()[0].dequantize()
+        w = dequantize(self.codes, self.scales)
         if self.rotation is None:
             return w
         return (w.reshape(-1, self.rotation.shape[0]) @ self.rotation).reshape(w.shape)
@@ -297,6 +325,8 @@ def fuse_layers(layers) -> int:
             for name, part in zip(names, parts, strict=True):
                 setattr(parent, name, FusedPart(fused, start, start + part.out_features))
                 start += part.out_features
+            del parts, fused
+            return_freed_memory()  # the separate layers' weights (glibc would keep their pages)
             n += 1
     return n
 
@@ -410,6 +440,7 @@ def quantize_model(tts, weights: str = "int8") -> dict:
 
     # (parent, name) only: holding the linears until the end would keep every source weight alive (memory-mapped
     # from the checkpoint) until all are converted; dropped one by one, the peak is the int8 model plus one layer
+    trimmed = 0
     for parent, name in [(parent, name) for parent, name, _ in quantizable_linears(tts)]:
         linear = getattr(parent, name)
         if linear.weight.device.type != "cpu":
@@ -420,9 +451,17 @@ def quantize_model(tts, weights: str = "int8") -> dict:
         summary["bytes_after"] += linear_weight_bytes(q)
         setattr(parent, name, q)
         del linear
+        if summary["bytes_before"] - trimmed >= TRIM_BYTES:
+            trimmed = summary["bytes_before"]
+            return_freed_memory()
     if weights == "w8a8":
         summary["fused"] = fuse_projections(tts)
+    return_freed_memory()
     return summary
+
+
+TRIM_BYTES = 64 << 20  # quantize_model hands freed memory back after about this many bytes of source weights
+
 
 
 def linear_weight_bytes(module: nn.Module) -> int:

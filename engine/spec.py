@@ -361,6 +361,7 @@ def _verify_and_walk(loop: PredictorLoop, tree, offsets, stats, k, tok, h, param
     node_tok = [tok] + [int(tokens[d - 1][r]) for d, r in zip(tree.depth[1:], tree.rank[1:], strict=True)]
     # node i carries code k + depth; its input row is that code's table (code g: table g - 1), then the projection
     rows = torch.cat([loop.tables[k + d - 1][t : t + 1] for t, d in zip(node_tok, tree.depth, strict=True)])
+    rows = rows.to(loop.dtype)  # a quantized model's tables are kept as stored
     start = k + 1
     hidden = loop.rows(loop.project(rows), start, _tree_mask(tree, start, h.device), _positions(tree, start, h.device))
 

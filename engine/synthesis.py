@@ -20,6 +20,7 @@ from .backend import TorchBackend
 from .config import TTSConfig
 from .decode import ArCodes, DecodeStats, SpecCodes, frame_loop
 from .errors import InputError
+from .memory import return_freed_memory
 from .options import SynthesisOptions, guard_frames, validate
 from .prompt import ClonedVoice, Prompt, build_clone_prompt, build_prompt, wrap_instruct, wrap_ref_text, wrap_text
 from .spec import DraftPlan
@@ -254,6 +255,7 @@ class Synthesizer:
             if frames:
                 t = time.perf_counter()
                 wav = codec.push(codes.T[None].to(self.codec_device)).reshape(-1).float().cpu().numpy()  # [1920 f]
+                return_freed_memory()  # the chunk's activations: not kept by the C heap for the next
                 tally.current.codec_s += time.perf_counter() - t
                 tally.sentence_samples += len(wav)
             return chunk(joiner.add(wav), codes, index)

@@ -64,7 +64,8 @@ class Talker(nn.Module):
         """All 16 codes of a frame [B, 16] -> summed embedding [B, 1, H] (code 0 via the talker table)."""
         parts = [self.embed_codec(codes[:, :1])]  # [B, 1, H]
         tables = self.code_predictor.model.codec_embedding
-        parts += [tables[g](codes[:, g + 1 : g + 2]) for g in range(len(tables))]
+        # a quantized model keeps these tables as stored (e.g. bf16) and upcasts the rows it reads
+        parts += [tables[g](codes[:, g + 1 : g + 2]).to(parts[0].dtype) for g in range(len(tables))]
         return torch.cat(parts, dim=1).sum(1, keepdim=True)
 
     def forward(self, x: torch.Tensor, start: int, mask: torch.Tensor | None = None):

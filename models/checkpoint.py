@@ -279,9 +279,13 @@ def load_checkpoint(path: str | Path, weights: str = "fp32", device: str = "cpu"
         load_weights(tts, tensors, "", None)
         del tensors
         quantize_model(tts, weights)
-        text_table = tts.talker.model.text_embedding.weight  # the biggest table (0.6B: 151936 x 2048) stays as
-        for p in tts.parameters():  # stored and mapped: a prompt reads a few rows, Talker.embed_text upcasts them
-            if p is not text_table:
+        # the big lookup tables stay as stored and mapped: the text table (0.6B: 151936 x 2048; a prompt reads a
+        # few rows, Talker.embed_text upcasts them) and the predictor's 15 code tables (0.6B: 120 MB in fp32; a
+        # frame reads one row of each, upcast where they are read)
+        tables = {id(tts.talker.model.text_embedding.weight)}
+        tables |= {id(e.weight) for e in tts.talker.code_predictor.model.codec_embedding}
+        for p in tts.parameters():
+            if id(p) not in tables:
                 p.data = p.data.float()
     else:
         load_weights(tts, tensors, "", dtype)

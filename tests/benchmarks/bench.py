@@ -356,6 +356,10 @@ def end_to_end(synth, opts, text: str = TEXT) -> dict:
     from leapvox.engine.decode import DecodeStats
     from leapvox.engine.streaming import FIRST_CHUNK_FRAMES, MAX_CHUNK_FRAMES
 
+    try:
+        from leapvox.engine.memory import return_freed_memory
+    except ImportError:  # a leapvox before engine.memory
+        return_freed_memory = None
     stats, warnings = DecodeStats(), []
     codec = synth.codec.stream(official_chunking=True)
     size, pending, samples, first = FIRST_CHUNK_FRAMES, [], 0, None
@@ -366,6 +370,8 @@ def end_to_end(synth, opts, text: str = TEXT) -> dict:
         t = time.perf_counter()
         with torch.inference_mode():
             wav = codec.push(torch.stack(frames).T[None].to(synth.codec_device))
+        if return_freed_memory is not None:  # as Synthesizer.stream does after each chunk
+            return_freed_memory()
         stats.codec_s += time.perf_counter() - t
         samples += wav.numel()
         if first is None and wav.numel():
@@ -975,7 +981,9 @@ def main(argv: list[str] | None = None) -> int:
 def _run(args) -> int:
     global REFERENCE_PYTHON
 
-    weights = _list(args.weights, WEIGHTS, "weight format")
+    from leapvox.engine.quant import WEIGHT_FORMATS
+
+    weights = _list(args.weights, WEIGHT_FORMATS, "weight format")  # default: WEIGHTS; any format the loader takes
     modes = _list(args.modes, MODES, "mode")
     if args.frames < 2 or args.repeats < 1:
         raise _Usage("--frames must be >= 2 and --repeats >= 1")

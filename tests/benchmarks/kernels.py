@@ -12,8 +12,10 @@ to M = 1, and the machine's read bandwidth from a large sum measured in the same
 Routes (each only where this torch runs it):
   fp32, bf16      F.linear on fp32 / bf16 weights (bf16 activations for bf16)
   int8            aten._weight_int8pack_mm: int8 weights, per-channel scales, bf16 activations (`--weights int8`)
-  w8a8            quantized::linear_dynamic (FBGEMM / QNNPACK): int8 weights, activations quantized to 8 bits per
-                  call, integer products (`--weights w8a8`; the rotated down-projection as leapvox builds it)
+  w8a8            `--weights w8a8` as leapvox builds it (the rotated down-projection included): int8 weights,
+                  activations quantized to 8 bits per call, integer products; where leapvox's compiled kernel runs
+                  (engine.kernels) two routes: w8a8-leapvox (that kernel) and w8a8-fbgemm (torch's
+                  quantized::linear_dynamic, FBGEMM / QNNPACK), else one, w8a8 (torch's)
   fp16-fbgemm     quantized::linear_dynamic_fp16: fp16 weights, fp32 activations
   int4            aten._weight_int4pack_mm_for_cpu: 4-bit weights in groups of 64, bf16 activations
 Not a test: pytest collects nothing from this folder.
@@ -33,6 +35,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from leapvox.engine import kernels
 from leapvox.engine.quant import Int8Linear, quantize_weight, quantized_linear
 
 SHAPES = [(2048, 1024), (1024, 1024), (1024, 1024), (1024, 2048), (3072, 1024), (3072, 1024), (1024, 3072)]
@@ -65,12 +68,18 @@ def routes(weights: list[torch.Tensor]) -> dict:
     i8 = [Int8Linear(*quantize_weight(w)) for w in weights]
     out["int8"] = (1, torch.bfloat16, lambda xs: [
         torch.ops.aten._weight_int8pack_mm(x, q.codes, q.scales) for x, q in zip(xs, i8, strict=True)])
-    linears = []
+    linears, linears_fp = [], []
     for w, name in zip(weights, NAMES * LAYERS, strict=True):
         lin = nn.Linear(w.shape[1], w.shape[0], bias=False)
         lin.weight.data = w
+        linears_fp.append(lin)
         linears.append(quantized_linear(lin, "w8a8", name))
     out["w8a8"] = (1, torch.float32, lambda xs: [q(x) for x, q in zip(xs, linears, strict=True)])
+    if kernels.w8a8_op() is not None:  # the default above is leapvox's kernel here; torch's as well, for the A/B
+        out["w8a8-leapvox"] = out.pop("w8a8")
+        with kernels.disabled():
+            fb = [quantized_linear(lin, "w8a8", name) for lin, name in zip(linears_fp, NAMES * LAYERS, strict=True)]
+        out["w8a8-fbgemm"] = (1, torch.float32, lambda xs: [q(x) for x, q in zip(xs, fb, strict=True)])
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         p16 = [torch.ops.quantized.linear_prepack_fp16(w, None) for w in weights]

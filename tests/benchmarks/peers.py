@@ -52,6 +52,9 @@ PEERS = {
 }
 # bytes per weight of each peer's format for the talker and predictor linears: vox q8 = 32 int8 + one fp32 scale per
 # 32 weights; GGML Q8_0 = 32 int8 + one fp16 scale; the official package runs them in bf16.
+# leapvox weight "formats" that are a real format run on torch's prebuilt kernels (engine.kernels turned off), for
+# an A/B of leapvox's own compiled kernel against them in one run
+TORCH_KERNEL_VARIANTS = {"w8a8-torch": "w8a8"}
 BYTES_PER_WEIGHT = {"vox": 36 / 32, "qwentts": 34 / 32, "official": 2.0}
 SPEAKER, LANGUAGE = "aiden", "english"  # the official side speaks the first speaker by name, in English
 
@@ -283,6 +286,12 @@ def leapvox_worker(a: dict) -> dict:
         "threads": torch.get_num_threads(),
         "weights": resolved,
     }
+    try:
+        from leapvox.engine import kernels
+
+        out["kernel"] = kernels.describe()
+    except ImportError:  # a leapvox before engine.kernels
+        pass
     try:  # the bytes leapvox's own format reads (int8 codes + scales, or bf16 / fp32 weights)
         from leapvox.engine.quant import linear_weight_bytes
 
@@ -302,6 +311,7 @@ def measure(engine: str, ctx: dict) -> dict:
     """One process of `engine` (a key of ctx["runs"]); its JSON result with peak_rss_mb, or {"error": ...}."""
     spec = ctx["runs"][engine]
     env = dict(os.environ, OMP_NUM_THREADS=str(ctx["threads"]), MKL_NUM_THREADS=str(ctx["threads"]))
+    env.update(spec.get("env", {}))
     common = {"text": ctx["text"], "frames": ctx["frames"], "seed": ctx["seed"], "threads": ctx["threads"]}
     common.update(speaker=SPEAKER, language=LANGUAGE)
     if spec["kind"] == "leapvox":
@@ -442,7 +452,9 @@ def parser():
         "--engines", default="leapvox,vox,qwentts,official", help="comma-separated, from " + ", ".join(ENGINES)
     )
     p.add_argument(
-        "--weights", default="int8", help="leapvox weight formats, comma-separated, e.g. int8,w8a8,auto (default int8)"
+        "--weights", default="int8",
+        help="leapvox weight formats, comma-separated, e.g. int8,w8a8,auto; w8a8-torch = w8a8 on torch's kernels "
+             "(default int8)",
     )
     p.add_argument("--rounds", type=int, default=3, help="interleaved rounds (default 3)")
     p.add_argument("--frames", type=int, default=32, help="frames every engine speaks per run (default 32)")
@@ -498,7 +510,7 @@ def run(args) -> int:
     try:  # whatever leapvox's loader takes, `auto` included
         from leapvox.engine.quant import WEIGHT_FORMATS
 
-        known = (*WEIGHT_FORMATS, "auto")
+        known = (*WEIGHT_FORMATS, "auto", *TORCH_KERNEL_VARIANTS)
     except ImportError:
         known = bench.WEIGHTS
     badw = [w for w in weights if w not in known]
@@ -531,6 +543,9 @@ def run(args) -> int:
         if e == "leapvox":
             for w in weights:
                 runs[f"leapvox-{w}"] = {"kind": "leapvox", "weights": w, "label": f"leapvox {w}"}
+                if w in TORCH_KERNEL_VARIANTS:  # the same format on torch's prebuilt kernels
+                    runs[f"leapvox-{w}"].update(weights=TORCH_KERNEL_VARIANTS[w], env={"LEAPVOX_KERNELS": "0"},
+                                                label=f"leapvox {TORCH_KERNEL_VARIANTS[w]}, torch's kernels")
         elif e == "official":
             why = bench.official_available()
             if why:

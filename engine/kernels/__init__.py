@@ -1,0 +1,188 @@
+"""Optional compiled CPU kernels, built on this machine on first use, with torch's prebuilt kernels as the fallback.
+
+`w8a8.cpp`: the w8a8 format's linear product on x86-64 CPUs with AVX-512 VNNI (int8 weights in blocks of 64 rows,
+4 input features at a time, 8-bit activations quantized per row, exact int32 dot products, blocks split over
+torch's own threads). Against torch's FBGEMM route on the 0.6B predictor's 35 linears it reads the weights 1.2x
+faster at one row and quantizes each row of a multi-row call on its own (so the root row of spec's verify call is
+computed exactly as the ar call computes it); measured in tests/benchmarks/README.md ("w8a8 kernel").
+
+Nothing here is needed: leapvox installs with pip alone and runs torch's kernels when this one is not available:
+a CPU without AVX-512 VNNI, no C++ compiler (`c++`, or $CXX), no torch headers, `LEAPVOX_KERNELS=0`, or a build or
+self-check that failed (`unavailable_reason()` says which; `leapvox doctor` prints it). The build runs once per
+torch version and source (about 15-30 s), prints one line, and is cached under ~/.cache/leapvox/kernels
+($XDG_CACHE_HOME respected), written atomically so concurrent first runs cannot load half a library.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+SOURCE = Path(__file__).with_name("w8a8.cpp")
+COLS, K_GROUP = 64, 4  # the packed layout: blocks of 64 weight rows (output columns), 4 input features at a time
+ISA_FLAGS = ("-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni")
+ENV_SWITCH = "LEAPVOX_KERNELS"  # "0": never build or load (torch's kernels only)
+
+_STATE: dict[str, object] = {}
+
+
+def notice(msg: str) -> None:
+    print(f"leapvox: {msg}", file=sys.stderr, flush=True)
+
+
+def cache_dir() -> Path:
+    root = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(root) / "leapvox" / "kernels"
+
+
+def _cpu_flags() -> set[str]:
+    try:
+        with open("/proc/cpuinfo") as f:
+            line = next((x for x in f if x.startswith("flags")), "")
+    except OSError:
+        return set()
+    return set(line.split(":", 1)[-1].split())
+
+
+def _compiler() -> str | None:
+    return os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++") or shutil.which("clang++")
+
+
+def _static_reason() -> str | None:
+    """Why the kernel cannot run here without trying to build it, or None."""
+    if os.environ.get(ENV_SWITCH, "1") == "0":
+        return f"turned off ({ENV_SWITCH}=0)"
+    if sys.platform != "linux" or platform.machine().lower() not in ("x86_64", "amd64"):
+        return f"written for x86-64 Linux (this is {sys.platform} {platform.machine()})"
+    missing = {"avx512f", "avx512bw", "avx512vl", "avx512_vnni"} - _cpu_flags()
+    if missing:
+        return f"this CPU lacks {', '.join(sorted(missing))}"
+    if _compiler() is None:
+        return "no C++ compiler (c++, g++ or clang++; or set CXX)"
+    if not (Path(torch.__file__).parent / "include" / "torch" / "library.h").is_file():
+        return "this torch install has no C++ headers"
+    return None
+
+
+def _build_command(cxx: str, out: Path) -> list[str]:
+    root = Path(torch.__file__).parent
+    abi = int(getattr(torch._C, "_GLIBCXX_USE_CXX11_ABI", True))
+    return [
+        cxx, "-O3", "-std=c++20", "-shared", "-fPIC", "-fopenmp", *ISA_FLAGS, f"-D_GLIBCXX_USE_CXX11_ABI={abi}",
+        "-w", f"-I{root / 'include'}", f"-I{root / 'include' / 'torch' / 'csrc' / 'api' / 'include'}",
+        str(SOURCE), "-o", str(out), f"-L{root / 'lib'}", f"-Wl,-rpath,{root / 'lib'}", "-lc10", "-ltorch_cpu",
+    ]  # -fopenmp links torch's own libgomp (its lib/ comes first): one OpenMP runtime in the process
+
+
+def _library() -> Path:
+    """The built library for this source, torch and compiler (built now if it is not in the cache)."""
+    cxx = _compiler()
+    version = subprocess.run([cxx, "--version"], capture_output=True, text=True, timeout=30).stdout
+    key = hashlib.sha256(SOURCE.read_bytes() + torch.__version__.encode() + version.encode()
+                         + " ".join(ISA_FLAGS).encode()).hexdigest()[:16]
+    folder = cache_dir()
+    lib = folder / f"w8a8-{key}.so"
+    if lib.is_file():
+        return lib
+    folder.mkdir(parents=True, exist_ok=True)
+    notice("building the w8a8 CPU kernel for this machine, once (15-30 s; LEAPVOX_KERNELS=0 skips it)")
+    fd, tmp = tempfile.mkstemp(suffix=".so.part", dir=folder)
+    os.close(fd)
+    try:
+        r = subprocess.run(_build_command(cxx, Path(tmp)), capture_output=True, text=True, timeout=600)
+        if r.returncode != 0:
+            last = (r.stderr.strip().splitlines() or ["(no output)"])[-1]
+            raise RuntimeError(f"the build failed: {last[:160]}")
+        os.replace(tmp, lib)  # atomic: another process sees the whole library or none
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return lib
+
+
+def pack(codes: torch.Tensor) -> torch.Tensor:
+    """int8 codes [N, K] -> the kernel's layout [ceil(N/64), ceil(K/4), 64, 4], zero-padded: per block of 64
+    output rows, per group of 4 input features, the 4 weights of each row in turn."""
+    n, k = codes.shape
+    np_, kp = -(-n // COLS) * COLS, -(-k // K_GROUP) * K_GROUP
+    padded = F.pad(codes, (0, kp - k, 0, np_ - n))
+    return padded.view(np_ // COLS, COLS, kp // K_GROUP, K_GROUP).permute(0, 2, 1, 3).contiguous()
+
+
+def unpack(packed: torch.Tensor, n: int, k: int) -> torch.Tensor:
+    """The int8 codes [N, K] of a packed weight (pack's inverse)."""
+    blocks, groups = packed.shape[:2]
+    return packed.permute(0, 2, 1, 3).reshape(blocks * COLS, groups * K_GROUP)[:n, :k].contiguous()
+
+
+def _self_check(op: Callable) -> str | None:
+    """Compare the kernel with the same arithmetic in float64 on odd shapes; None when it agrees."""
+    g = torch.Generator().manual_seed(0)
+    for m, k, n in ((1, 1024, 40), (5, 100, 7), (17, 64, 9)):
+        x = torch.randn(m, k, generator=g)
+        w = torch.randint(-127, 128, (n, k), dtype=torch.int8, generator=g)
+        s, b = torch.rand(n, generator=g) + 0.5, torch.randn(n, generator=g)
+        y = op(x, pack(w), s, w.sum(1, dtype=torch.int32), b)
+        lo, hi = x.amin(1).clamp(max=0), x.amax(1).clamp(min=0)
+        sx = (hi - lo) / 255
+        zx = torch.round(-lo / sx).clamp(0, 255)
+        qx = (torch.round(x / sx[:, None]) + zx[:, None]).clamp(0, 255).double()
+        ref = sx[:, None].double() * s.double() * (qx @ w.double().T - zx[:, None].double() * w.double().sum(1))
+        err = ((y.double() - (ref + b.double())).abs().max() / ref.abs().max()).item()
+        if not err < 1e-5:
+            return f"its self-check failed (relative error {err:.3g} at M={m}, K={k}, N={n})"
+    return None
+
+
+def w8a8_op() -> Callable | None:
+    """torch.ops.leapvox_kernels.w8a8_linear(x fp32 [M, K], packed int8, scales fp32 [N], row sums int32 [N],
+    bias fp32 [N] or None) -> fp32 [M, N], or None where it is unavailable (unavailable_reason says why).
+    Built and checked on the first call in a process; later calls return the cached answer."""
+    if "op" not in _STATE:
+        op, reason = None, _static_reason()
+        if reason is None:
+            try:
+                if not hasattr(torch.ops.leapvox_kernels, "w8a8_linear"):
+                    torch.ops.load_library(str(_library()))
+                op = torch.ops.leapvox_kernels.w8a8_linear
+                reason = _self_check(op)
+            except Exception as e:  # no compiler output we can use, a loader error: torch's kernels then
+                reason = str(e) if isinstance(e, RuntimeError) and str(e).startswith("the build") else \
+                    f"it could not be loaded ({type(e).__name__}: {str(e)[:120]})"
+        _STATE["op"], _STATE["reason"] = (None if reason else op), reason
+    return _STATE["op"]
+
+
+def unavailable_reason() -> str | None:
+    """None when w8a8_op() runs here, else why not (one line)."""
+    w8a8_op()
+    return _STATE["reason"]
+
+
+def describe() -> str:
+    """One line for `leapvox doctor`: which kernel the w8a8 format uses here."""
+    why = unavailable_reason()
+    return "leapvox AVX-512 VNNI kernel (built here)" if why is None else f"torch's FBGEMM/QNNPACK ({why})"
+
+
+@contextlib.contextmanager
+def disabled() -> Iterator[None]:
+    """Layers built inside this block use torch's kernels (for A/B benchmarks in one process)."""
+    saved = dict(_STATE)
+    _STATE.update(op=None, reason="disabled for this block")
+    try:
+        yield
+    finally:
+        _STATE.clear()
+        _STATE.update(saved)

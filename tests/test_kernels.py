@@ -1,0 +1,126 @@
+"""engine.kernels: the optional compiled w8a8 kernel (its layout, its arithmetic, and the fallback to torch's)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from leapvox.engine import kernels
+from leapvox.engine.quant import W8A8Linear
+
+
+def reference(x: torch.Tensor, w: torch.Tensor, s: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
+    """The kernel's arithmetic in float64: x quantized per row to u8 with a zero point, exact integer dots."""
+    lo, hi = x.amin(1).clamp(max=0), x.amax(1).clamp(min=0)
+    sx = (hi - lo) / 255
+    sx = torch.where(sx > 0, sx, torch.ones_like(sx))
+    zx = torch.round(-lo / sx).clamp(0, 255)
+    qx = (torch.round(x / sx[:, None]) + zx[:, None]).clamp(0, 255).double()
+    y = sx[:, None].double() * s.double() * (qx @ w.double().T - zx[:, None].double() * w.double().sum(1))
+    return y if b is None else y + b.double()
+
+
+@pytest.fixture
+def op():
+    f = kernels.w8a8_op()
+    if f is None:
+        pytest.skip(f"the compiled w8a8 kernel is not available here ({kernels.unavailable_reason()}); "
+                    "torch's kernels are tested by test_quant.py")
+    return f
+
+
+@pytest.fixture
+def fresh_state(monkeypatch, tmp_path):
+    """A process state in which the kernel was never looked for, with an empty build cache."""
+    monkeypatch.setattr(kernels, "_STATE", {})
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    return tmp_path
+
+
+@pytest.mark.parametrize("n,k", [(1, 1), (3, 63), (64, 64), (65, 5), (130, 9), (16, 1024)])
+def test_pack_round_trip(n, k):
+    w = torch.randint(-127, 128, (n, k), dtype=torch.int8, generator=torch.Generator().manual_seed(n * k))
+    packed = kernels.pack(w)
+    assert packed.shape == (-(-n // 64), -(-k // 4), 64, 4)
+    assert torch.equal(kernels.unpack(packed, n, k), w)
+    assert int(packed.abs().sum()) == int(w.abs().sum())  # padding is zeros
+
+
+@pytest.mark.parametrize("m", [1, 2, 3, 4, 5, 8, 17])
+@pytest.mark.parametrize("k,n", [(64, 4), (100, 7), (1024, 30), (201, 1), (66, 130)])
+def test_kernel_matches_its_arithmetic(op, m, k, n):
+    g = torch.Generator().manual_seed(m * 1000 + k + n)
+    x = torch.randn(m, k, generator=g) * 3
+    x[0, 0] = 40.0  # an outlier sets the row's range
+    w = torch.randint(-127, 128, (n, k), dtype=torch.int8, generator=g)
+    s, b = torch.rand(n, generator=g) + 0.1, torch.randn(n, generator=g)
+    for bias in (None, b):
+        y = op(x, kernels.pack(w), s, w.sum(1, dtype=torch.int32), bias)
+        ref = reference(x, w, s, bias)
+        assert y.shape == (m, n) and y.dtype == torch.float32
+        assert ((y.double() - ref).abs().max() / ref.abs().max()).item() < 1e-6
+
+
+def test_rows_are_independent(op):
+    """Each row is quantized on its own: a multi-row call equals one call per row, bit for bit (so a verify call
+    over a draft tree computes the root row exactly as an ar call does)."""
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(6, 192, generator=g) * torch.tensor([1.0, 10.0, 0.1, 3.0, 0.0, 7.0])[:, None]
+    w = torch.randint(-127, 128, (37, 192), dtype=torch.int8, generator=g)
+    s, ws = torch.rand(37, generator=g), w.sum(1, dtype=torch.int32)
+    whole = op(x, kernels.pack(w), s, ws, None)
+    for i in range(6):
+        assert torch.equal(whole[i : i + 1], op(x[i : i + 1], kernels.pack(w), s, ws, None))
+    assert torch.equal(whole[4], torch.zeros(37))  # an all-zero row gives zeros, not NaN
+
+
+def test_kernel_rejects_a_layout_it_was_not_given(op):
+    w = torch.zeros(8, 64, dtype=torch.int8)
+    with pytest.raises(RuntimeError, match="packed"):
+        op(torch.randn(1, 64), w, torch.ones(8), torch.zeros(8, dtype=torch.int32), None)
+    with pytest.raises(RuntimeError, match="features"):
+        op(torch.randn(1, 200), kernels.pack(w), torch.ones(8), torch.zeros(8, dtype=torch.int32), None)
+
+
+def test_w8a8_linear_uses_it_and_keeps_one_copy(op):
+    lin = torch.nn.Linear(128, 24)
+    q = W8A8Linear.from_linear(lin)
+    assert q.op is not None and q.packed is None
+    x = torch.randn(3, 128)
+    ref = x @ q.weight.T + q.bias
+    assert ((q(x) - ref).abs().max() / ref.abs().max()).item() < 0.05
+    assert torch.equal(q.codes, kernels.unpack(q.wpack, 24, 128))
+    # the codes, scales and bias it reports are what it multiplies with
+    assert torch.allclose(q.weight, q.codes.float() * q.scales[:, None])
+
+
+def test_turned_off_falls_back_to_torch(fresh_state, monkeypatch):
+    monkeypatch.setenv(kernels.ENV_SWITCH, "0")
+    assert kernels.w8a8_op() is None
+    assert "turned off" in kernels.unavailable_reason()
+    assert kernels.describe().startswith("torch's")
+    q = W8A8Linear.from_linear(torch.nn.Linear(64, 8, bias=False))
+    assert q.op is None and q.packed is not None
+    x = torch.randn(2, 64)
+    ref = x @ q.weight.T
+    assert ((q(x) - ref).abs().max() / ref.abs().max()).item() < 0.05
+    assert not any(fresh_state.rglob("*.so"))  # nothing was built
+
+
+def test_a_failing_build_falls_back_and_leaves_nothing(tmp_path):
+    """In a fresh process (this one may have loaded the library already): a compiler that fails gives torch's
+    kernels, a one-line reason, and an empty cache folder."""
+    if kernels._static_reason() is not None:
+        pytest.skip(f"the kernel is not built on this machine at all ({kernels._static_reason()})")
+    env = dict(os.environ, CXX="false", XDG_CACHE_HOME=str(tmp_path))  # `false`: a "compiler" that fails at once
+    code = "from leapvox.engine import kernels; print(kernels.w8a8_op() is None); print(kernels.unavailable_reason())"
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    none, reason = r.stdout.splitlines()
+    assert none == "True" and reason.startswith("the build failed")
+    folder = tmp_path / "leapvox" / "kernels"
+    assert folder.is_dir() and not any(folder.iterdir())  # no library, no half-written part file
