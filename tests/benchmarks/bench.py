@@ -351,8 +351,8 @@ def codec_frame_times(synth, frames: int, repeats: int) -> list[float]:
 
 
 def end_to_end(synth, opts, text: str = TEXT) -> dict:
-    """One utterance streamed as `speak --play` does (chunks of 2 frames, doubling to 16, through the streaming
-    codec): xRT, time to first audio, per-frame stage times, per-step talker latency."""
+    """One utterance streamed as `speak --play` does (a first chunk of FIRST_CHUNK_FRAMES, doubling up to 16,
+    through the streaming codec): xRT, time to first audio, per-frame stage times, per-step talker latency."""
     from leapvox.engine.decode import DecodeStats
     from leapvox.engine.streaming import FIRST_CHUNK_FRAMES, MAX_CHUNK_FRAMES
 
