@@ -335,7 +335,7 @@ def test_excess_distortion_is_computed_in_fp32_under_autocast():
     assert under.dtype == torch.float32 and torch.allclose(under, plain, rtol=1e-6, atol=0)
 
 
-def test_graphemes_front_end_trains_on_the_text_and_writes_it_into_the_config(tmp_path):
+def test_graphemes_front_end_trains_on_the_text_and_writes_it_into_the_config(tmp_path, monkeypatch):
     """`--frontend graphemes`: the tokenizer and the examples read the sentences' text (no phonemes), the export's
     config names the front end, and a model from --init cannot switch front ends."""
     import json
@@ -360,5 +360,15 @@ def test_graphemes_front_end_trains_on_the_text_and_writes_it_into_the_config(tm
     tok = TextTokenizer(export)
     examples = load_examples(data, "train", tok, frontend="graphemes")
     assert examples[0].body == tok(graphemes(split["text"][0]))
+    # it speaks with no espeak-ng anywhere on PATH (a stand-in for the pip-only check of #26, on a fixture model:
+    # the bundled model still reads espeak-ng)
+    from dataclasses import replace
+
+    from leapvox.models.load import load_model
+
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    loaded = load_model(export)
+    r = loaded.synthesizer().synthesize("Hello there.", replace(loaded.defaults, max_frames=3, seed=0))
+    assert r.audio.size > 0
     with pytest.raises(InputError, match="--frontend hibari-g2p differs"):
         train(str(data), str(tmp_path / "again"), steps=1, init=str(export), frontend="hibari-g2p", log=lambda m: None)
