@@ -84,3 +84,13 @@ def _torch_threads_restored():
     threads = torch.get_num_threads()
     yield
     torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _w8a8_kernel_built():
+    """Build leapvox's optional w8a8 kernel (engine.kernels) once, before any test: the first build takes 15-30 s
+    and prints a line, which a test that starts leapvox in a subprocess should see neither in its time nor in its
+    output. Where it cannot be built this only records why (test_kernels.py says so in its skip reasons)."""
+    from leapvox.engine import kernels
+
+    kernels.w8a8_op()
