@@ -36,6 +36,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from . import fused as fusion
 from .code_predictor import CodePredictor
 from .layers import rope_cos_sin, rope_inv_freq
 from .quant import ACT_DTYPE, DEQUANT_ROWS, Int8Linear, W8A8Linear
@@ -142,6 +143,7 @@ class _Layer:
         self.qkv = product(fused_qkv, split, rows) if fused_qkv is not None else None
         self.gate_up = product(fused_mlp, split, rows) if fused_mlp is not None else None
         self.hidden = mlp.down_proj.in_features
+        self.fused = fusion.fused_layer(layer)  # the whole layer in one compiled call (w8a8 on leapvox's kernel)
 
 
 class PredictorLoop:
@@ -174,7 +176,8 @@ class PredictorLoop:
         self.positions = slots
         cos, sin = rope_cos_sin(rope_inv_freq(self.d, self.rope_theta), torch.arange(slots), self.dtype)
         half = self.d // 2
-        self.cos = cos.to(self.device)[:, None]  # [P, 1, D]
+        self.rope_cos, self.rope_sin = cos.to(self.device), sin.to(self.device)  # [P, D], for fused layers
+        self.cos = self.rope_cos[:, None]  # [P, 1, D]
         # rotate_half(x) * sin == swap_halves(x) * (sin with its first half negated), exactly
         self.sin = torch.cat([-sin[:, :half], sin[:, half:]], dim=-1).to(self.device)[:, None]
         rep = self.nh // self.nkv
@@ -235,7 +238,12 @@ class PredictorLoop:
         return self.keys[layer][:, 0, :slots], self.values[layer][:, 0, :slots]
 
     def _stack(self, x, start, mask=None, positions=None, layers=None):
+        t = x.shape[0]
         for L, kc, vc in zip(layers or self.layers, self.keys, self.values, strict=True):
+            if L.fused is not None and fusion.usable(x, mask):
+                rows = slice(start, start + t) if positions is None else positions
+                x = L.fused(x, kc, vc, start, self.rope_cos[rows], self.rope_sin[rows], mask, start + t)
+                continue
             x = x + L.o(self._attend(L, x, start, kc, vc, mask, positions))
             h = rms_norm(x, L.ln2, L.eps)
             if L.gate_up is not None:
@@ -272,10 +280,11 @@ class PredictorLoop:
 
 
 def _signature(cp: CodePredictor) -> tuple:
-    """What a built loop depends on: the thread setting and the identity and storage of every weight."""
+    """What a built loop depends on: the thread setting, whether fused layers are on, and the identity and storage
+    of every weight."""
     weights = [*cp.parameters()] + [b for m in cp.modules() if isinstance(m, Int8Linear) for b in (m.codes, m.scales)]
     packed = [id(m.packed if m.op is None else m.wpack) for m in cp.modules() if isinstance(m, W8A8Linear)]
-    return (torch.get_num_threads(), *((id(w), w.data_ptr()) for w in weights), *packed)
+    return (torch.get_num_threads(), fusion.enabled(), *((id(w), w.data_ptr()) for w in weights), *packed)
 
 
 _LOOPS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()

@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from . import fused as fusion
 from .config import TransformerConfig
 from .layers import RMSNorm, SwiGLU, apply_rope, rope_cos_sin, rope_inv_freq
 
@@ -106,6 +107,11 @@ class DecoderLayer(nn.Module):
         self.mlp = SwiGLU(cfg.hidden_size, cfg.intermediate_size)
 
     def forward(self, x, cos, sin, cache, start, mask, span=None):
+        if x.shape[0] == 1 and fusion.usable(x, mask):
+            step = fusion.fused_layer(self)  # w8a8 on leapvox's kernel: the whole layer in one compiled call
+            if step is not None:
+                end = start + x.shape[1] if span is None else span
+                return step(x[0], cache.k[0, :, None], cache.v[0, :, None], start, cos, sin, mask, end)[None]
         x = x + self.self_attn(self.input_layernorm(x), cos, sin, cache, start, mask, span)
         return x + self.mlp(self.post_attention_layernorm(x))
 

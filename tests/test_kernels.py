@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -124,3 +125,91 @@ def test_a_failing_build_falls_back_and_leaves_nothing(tmp_path):
     assert none == "True" and reason.startswith("the build failed")
     folder = tmp_path / "leapvox" / "kernels"
     assert folder.is_dir() and not any(folder.iterdir())  # no library, no half-written part file
+
+
+# ---- the fused decoder layer (engine/fused.py, `qwen3_layer` in w8a8.cpp) ------------------------------------------
+
+
+def w8a8_stack(head_dim: int = 64):
+    """A random 2-layer Qwen3 stack in w8a8 as the loader builds it (fused q/k/v and gate/up, rotated down input)."""
+    from leapvox.engine.config import TransformerConfig
+    from leapvox.engine.quant import fuse_layers, quantized_linear
+    from leapvox.engine.transformer import DecoderStack
+
+    torch.manual_seed(0)
+    cfg = TransformerConfig(hidden_size=256, intermediate_size=768, num_hidden_layers=2, num_attention_heads=8,
+                            num_key_value_heads=2, head_dim=head_dim)
+    stack = DecoderStack(cfg).eval()
+    with torch.no_grad():
+        for p in stack.parameters():
+            p.add_(torch.randn_like(p) * 0.05)  # norms away from 1, so a mixed-up weight would show
+    for layer in stack.layers:
+        for parent in (layer.self_attn, layer.mlp):
+            for name, child in list(parent.named_children()):
+                if isinstance(child, torch.nn.Linear):
+                    setattr(parent, name, quantized_linear(child, "w8a8", name))
+    assert fuse_layers(stack.layers) == 4  # q/k/v and gate/up in each of the 2 layers
+    return stack
+
+
+def run_stack(stack, fused: bool):
+    """A prefill of 7 rows, one decode step, then 3 rows under a tree-like mask at repeated positions."""
+    from leapvox.engine import fused as fusion
+
+    g = torch.Generator().manual_seed(1)
+    x, step = torch.randn(1, 7, 256, generator=g), torch.randn(1, 1, 256, generator=g)
+    rows = torch.randn(1, 3, 256, generator=g)
+    mask = torch.rand(3, 11, generator=g) > 0.3
+    mask[:, 0] = True
+    stack.setup_cache(16)
+    for c in stack.caches:
+        c.k.zero_()
+        c.v.zero_()
+    with contextlib.nullcontext() if fused else fusion.disabled(), torch.inference_mode():
+        outs = [stack(x, 0), stack(step, 7), stack(rows, 8, mask=mask, positions=torch.tensor([8, 9, 9]))]
+    return outs + [c.k.clone() for c in stack.caches] + [c.v.clone() for c in stack.caches]
+
+
+def test_fused_layer_equals_the_module_path(op):
+    from leapvox.engine import fused as fusion
+
+    stack = w8a8_stack()
+    assert all(fusion.fused_layer(layer) is not None for layer in stack.layers)
+    with fusion.disabled():
+        assert fusion.fused_layer(stack.layers[0]) is None
+    fast, slow = run_stack(stack, True), run_stack(stack, False)
+    for a, b in zip(fast, slow, strict=True):
+        # the same w8a8 products; norms, RoPE, attention and the Hadamard rotation in another order of operations
+        assert ((a - b).abs().max() / b.abs().max()).item() < 1e-4
+    assert not torch.equal(fast[0], slow[0])  # really two computations (the module path is not the fused one)
+
+
+def test_fused_layer_writes_every_kv_repeat_and_reads_the_first(op):
+    """PredictorLoop keeps each KV head repeated for its query heads ([nkv, R, P, D]): every copy is written."""
+    from leapvox.engine import fused as fusion
+
+    stack = w8a8_stack()
+    f = fusion.fused_layer(stack.layers[0])
+    x = torch.randn(2, 256)
+    stack.setup_cache(8)
+    cos, sin = stack.rope_cos[:2], stack.rope_sin[:2]
+    one = [torch.zeros(2, 1, 8, 64) for _ in range(2)]
+    four = [torch.zeros(2, 4, 8, 64) for _ in range(2)]
+    mask = torch.tensor([[True, False], [True, True]])
+    with torch.inference_mode():
+        a = f(x, *one, 0, cos, sin, mask, 2)
+        b = f(x, *four, 0, cos, sin, None, 2)  # no mask: causal, the same rows
+    assert torch.equal(a, b)
+    for r in range(4):
+        assert torch.equal(four[0][:, r], one[0][:, 0]) and torch.equal(four[1][:, r], one[1][:, 0])
+    assert four[0][:, :, 2:].abs().sum() == 0  # nothing past the rows written
+
+
+def test_fused_layer_only_for_shapes_it_takes(op):
+    from leapvox.engine import fused as fusion
+
+    stack = w8a8_stack(head_dim=48)  # not a multiple of 32: the module path
+    assert all(fusion.fused_layer(layer) is None for layer in stack.layers)
+    with torch.inference_mode():
+        stack.setup_cache(4)
+        assert stack(torch.randn(1, 2, 256), 0).shape == (1, 2, 256)

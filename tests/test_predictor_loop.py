@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
+from leapvox.engine import kernels
 from leapvox.engine.code_predictor import CodePredictor
 from leapvox.engine.config import CodePredictorConfig
 from leapvox.engine.predictor import PredictorLoop, loop_for, predict_codes, predict_codes_reference
@@ -20,12 +23,19 @@ CFG = CodePredictorConfig(
     head_dim=16,
     vocab_size=128,
 )
+# head_dim 32: shapes the fused w8a8 layer (engine/fused.py) takes, so "w8a8-fused" runs both loops through it
+CFG_FUSED = dataclasses.replace(CFG, head_dim=32)
 
 
 def predictor(weights: str, talker_hidden: int = 48, seed: int = 0) -> CodePredictor:
-    """A random predictor (talker_hidden != hidden: with the 1.7B input projection) in `weights` format."""
+    """A random predictor (talker_hidden != hidden: with the 1.7B input projection) in `weights` format
+    ("w8a8-fused": w8a8 at head_dim 32, whose layers run as one compiled call each where the kernel is built)."""
     torch.manual_seed(seed)
-    cp = CodePredictor(CFG, talker_hidden).eval()
+    fused = weights == "w8a8-fused"
+    weights = "w8a8" if fused else weights
+    if fused and kernels.layer_op() is None:
+        pytest.skip(f"the compiled w8a8 kernel is not available here ({kernels.unavailable_reason()})")
+    cp = CodePredictor(CFG_FUSED if fused else CFG, talker_hidden).eval()
     with torch.no_grad():
         for m in cp.modules():  # non-trivial norm weights and sharp heads, so that bit differences would show
             if type(m).__name__ == "RMSNorm":
@@ -44,10 +54,12 @@ def predictor(weights: str, talker_hidden: int = 48, seed: int = 0) -> CodePredi
         if weights == "w8a8":  # as the loader does: q/k/v and gate/up fused into one product each
             assert fuse_layers(cp.model.layers) == 2 * len(cp.model.layers)
     cp.model.setup_cache(CFG.num_code_groups)
+    if fused:
+        assert all(L.fused is not None for L in PredictorLoop(cp).layers)
     return cp
 
 
-@pytest.mark.parametrize("weights", ["fp32", "bf16", "int8", "w8a8"])
+@pytest.mark.parametrize("weights", ["fp32", "bf16", "int8", "w8a8", "w8a8-fused"])
 @pytest.mark.parametrize("split", [False, True])
 def test_fast_loop_equals_module_loop(weights, split):
     cp = predictor(weights)
@@ -70,7 +82,7 @@ def test_fast_loop_equals_module_loop(weights, split):
                 assert torch.equal(loop.hidden(rows[0], 0), hidden_ref)  # bit for bit, not just the same codes
 
 
-@pytest.mark.parametrize("weights", ["fp32", "bf16", "int8", "w8a8"])
+@pytest.mark.parametrize("weights", ["fp32", "bf16", "int8", "w8a8", "w8a8-fused"])
 def test_verify_rows_equal_the_module_path_and_commit_moves_rows(weights):
     """spec's verify call on the hot loop (tree mask, depth positions) = DecoderStack.forward with the same mask and
     positions (bit for bit but for fp32's split products); commit() copies accepted rows into place."""

@@ -164,6 +164,12 @@ def w8a8_op() -> Callable | None:
     return _STATE["op"]
 
 
+def layer_op() -> Callable | None:
+    """torch.ops.leapvox_kernels.qwen3_layer (one w8a8 decoder layer in C++, engine/fused.py), or None where the
+    kernel is unavailable. It comes with w8a8_op(): the same library."""
+    return None if w8a8_op() is None else torch.ops.leapvox_kernels.qwen3_layer
+
+
 def unavailable_reason() -> str | None:
     """None when w8a8_op() runs here, else why not (one line)."""
     w8a8_op()

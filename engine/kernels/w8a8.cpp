@@ -115,50 +115,300 @@ inline void block_all_rows(const int8_t* wb, const uint8_t* qx, int64_t M, int64
   }
 }
 
+// A packed w8a8 weight: codes [N/64][K/4][64][4], per-row scales, row sums of the codes, optional bias.
+struct Packed {
+  const int8_t* w;
+  const float* scale;
+  const int32_t* sum;
+  const float* bias;
+  int64_t N, Kp, blocks;
+};
+
+// y [M, N] = x [M, K] (fp32 rows, row stride K) times the packed weight: rows quantized here, blocks over threads.
+void linear_raw(const float* xp, int64_t M, int64_t K, const Packed& p, float* yp) {
+  const int64_t Kp = p.Kp;
+  std::vector<uint8_t> qx(static_cast<size_t>(M * Kp), 0);  // padding multiplies zero weights
+  std::vector<float> sx(M);
+  std::vector<int32_t> zx(M);
+  for (int64_t m = 0; m < M; ++m) quantize_row(xp + m * K, K, qx.data() + m * Kp, &sx[m], &zx[m]);
+  const int64_t block_bytes = Kp * kCols;
+  at::parallel_for(0, p.blocks, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t blk = begin; blk < end; ++blk)
+      block_all_rows(p.w + blk * block_bytes, qx.data(), M, Kp, blk * kCols, p.N, sx.data(), zx.data(), p.scale,
+                     p.sum, p.bias, yp);
+  });
+}
+
+Packed packed_of(const at::Tensor& w, const at::Tensor& wscale, const at::Tensor& wsum, const float* bias,
+                 const char* what) {
+  TORCH_CHECK(w.dim() == 4 && w.scalar_type() == at::kChar && w.is_contiguous() && w.size(2) == kCols &&
+              w.size(3) == 4, what, ": w must be packed int8 [N/64, K/4, 64, 4] (engine.kernels.pack)");
+  const int64_t N = wscale.numel();
+  TORCH_CHECK((N + kCols - 1) / kCols == w.size(0), what, ": ", N, " scales for ", w.size(0), " blocks");
+  TORCH_CHECK(wscale.scalar_type() == at::kFloat && wscale.is_contiguous(), what, ": wscale fp32 [N]");
+  TORCH_CHECK(wsum.scalar_type() == at::kInt && wsum.numel() == N && wsum.is_contiguous(), what, ": wsum");
+  return Packed{w.data_ptr<int8_t>(), wscale.data_ptr<float>(), wsum.data_ptr<int32_t>(), bias, N, w.size(1) * 4,
+                w.size(0)};
+}
+
 at::Tensor w8a8_linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& wscale, const at::Tensor& wsum,
                        const c10::optional<at::Tensor>& bias) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat, "w8a8_linear: x must be fp32 [M, K]");
-  TORCH_CHECK(w.dim() == 4 && w.scalar_type() == at::kChar && w.is_contiguous() && w.size(2) == kCols &&
-              w.size(3) == 4, "w8a8_linear: w must be packed int8 [N/64, K/4, 64, 4] (engine.kernels.pack)");
-  const int64_t M = x.size(0), K = x.size(1), N = wscale.numel(), Kp = w.size(1) * 4;
-  TORCH_CHECK(K <= Kp && Kp - K < 4 && (N + kCols - 1) / kCols == w.size(0),
-              "w8a8_linear: x has ", K, " features, the packed weight ", Kp, " (padded), ", N, " rows");
-  TORCH_CHECK(wscale.scalar_type() == at::kFloat && wscale.is_contiguous(), "w8a8_linear: wscale fp32 [N]");
-  TORCH_CHECK(wsum.scalar_type() == at::kInt && wsum.numel() == N && wsum.is_contiguous(), "w8a8_linear: wsum");
   const float* bptr = nullptr;
   at::Tensor b;
   if (bias.has_value() && bias->defined()) {
     b = bias->contiguous();
-    TORCH_CHECK(b.scalar_type() == at::kFloat && b.numel() == N, "w8a8_linear: bias fp32 [N]");
+    TORCH_CHECK(b.scalar_type() == at::kFloat && b.numel() == wscale.numel(), "w8a8_linear: bias fp32 [N]");
     bptr = b.data_ptr<float>();
   }
+  const Packed p = packed_of(w, wscale, wsum, bptr, "w8a8_linear");
+  const int64_t M = x.size(0), K = x.size(1);
+  TORCH_CHECK(K <= p.Kp && p.Kp - K < 4, "w8a8_linear: x has ", K, " features, the packed weight ", p.Kp,
+              " (padded), ", p.N, " rows");
   const at::Tensor xc = x.contiguous();
-  at::Tensor y = at::empty({M, N}, x.options());
-  if (M == 0 || N == 0) return y;
-
-  std::vector<uint8_t> qx(static_cast<size_t>(M * Kp), 0);  // padding multiplies zero weights
-  std::vector<float> sx(M);
-  std::vector<int32_t> zx(M);
-  const float* xp = xc.data_ptr<float>();
-  for (int64_t m = 0; m < M; ++m) quantize_row(xp + m * K, K, qx.data() + m * Kp, &sx[m], &zx[m]);
-
-  const int8_t* wp = w.data_ptr<int8_t>();
-  const float* ws = wscale.data_ptr<float>();
-  const int32_t* wsm = wsum.data_ptr<int32_t>();
-  float* yp = y.data_ptr<float>();
-  const int64_t blocks = w.size(0), block_bytes = Kp * kCols;
-  at::parallel_for(0, blocks, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t blk = begin; blk < end; ++blk)
-      block_all_rows(wp + blk * block_bytes, qx.data(), M, Kp, blk * kCols, N, sx.data(), zx.data(), ws, wsm, bptr,
-                     yp);
-  });
+  at::Tensor y = at::empty({M, p.N}, x.options());
+  if (M == 0 || p.N == 0) return y;
+  linear_raw(xc.data_ptr<float>(), M, K, p, y.data_ptr<float>());
   return y;
+}
+
+// ---- one Qwen3 decoder layer over w8a8 weights (qwen3_layer) ------------------------------------------------------
+
+inline float hsum(__m512 v) { return _mm512_reduce_add_ps(v); }
+
+// exp(x) for 16 floats: 2^n * p(r), r = x - n ln2 in [-ln2/2, ln2/2], degree-6 polynomial (relative error ~2e-7).
+inline __m512 exp16(__m512 x) {
+  x = _mm512_max_ps(_mm512_min_ps(x, _mm512_set1_ps(88.0f)), _mm512_set1_ps(-87.0f));
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.4426950408889634f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145751953125f), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.428606765330187e-06f), r);
+  __m512 p = _mm512_set1_ps(1.0f / 720.0f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120.0f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24.0f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6.0f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+  return _mm512_scalef_ps(p, n);
+}
+
+// y = x * rsqrt(mean(x^2) + eps) * w over n floats (n a multiple of 16)
+inline void rms_norm_row(const float* x, const float* w, int64_t n, float eps, float* y) {
+  __m512 acc = _mm512_setzero_ps();
+  for (int64_t i = 0; i < n; i += 16) {
+    const __m512 v = _mm512_loadu_ps(x + i);
+    acc = _mm512_fmadd_ps(v, v, acc);
+  }
+  const float r = 1.0f / std::sqrt(hsum(acc) / static_cast<float>(n) + eps);
+  const __m512 vr = _mm512_set1_ps(r);
+  for (int64_t i = 0; i < n; i += 16)
+    _mm512_storeu_ps(y + i, _mm512_mul_ps(_mm512_loadu_ps(w + i), _mm512_mul_ps(_mm512_loadu_ps(x + i), vr)));
+}
+
+// one head [D] in place: RMS-normed with w, then rotate-half RoPE with this row's cos/sin [D]
+inline void norm_rope_head(float* x, const float* w, float eps, const float* cos, const float* sin, int64_t D) {
+  float tmp[512];
+  rms_norm_row(x, w, D, eps, tmp);
+  const int64_t h = D / 2;
+  for (int64_t i = 0; i < h; i += 16) {
+    const __m512 a = _mm512_loadu_ps(tmp + i), b = _mm512_loadu_ps(tmp + h + i);
+    _mm512_storeu_ps(x + i, _mm512_sub_ps(_mm512_mul_ps(a, _mm512_loadu_ps(cos + i)),
+                                          _mm512_mul_ps(b, _mm512_loadu_ps(sin + i))));
+    _mm512_storeu_ps(x + h + i, _mm512_add_ps(_mm512_mul_ps(b, _mm512_loadu_ps(cos + h + i)),
+                                              _mm512_mul_ps(a, _mm512_loadu_ps(sin + h + i))));
+  }
+}
+
+// in-place orthonormal Walsh-Hadamard transform (Sylvester order) of each block of B floats in x [n]
+inline void hadamard_blocks(float* x, int64_t n, int64_t B) {
+  const float scale = 1.0f / std::sqrt(static_cast<float>(B));
+  for (int64_t b0 = 0; b0 < n; b0 += B) {
+    float* v = x + b0;
+    for (int64_t h = 1; h < B; h *= 2) {
+      if (h >= 16) {
+        for (int64_t i = 0; i < B; i += 2 * h)
+          for (int64_t j = i; j < i + h; j += 16) {
+            const __m512 a = _mm512_loadu_ps(v + j), c = _mm512_loadu_ps(v + j + h);
+            _mm512_storeu_ps(v + j, _mm512_add_ps(a, c));
+            _mm512_storeu_ps(v + j + h, _mm512_sub_ps(a, c));
+          }
+      } else {
+        for (int64_t i = 0; i < B; i += 2 * h)
+          for (int64_t j = i; j < i + h; ++j) {
+            const float a = v[j], c = v[j + h];
+            v[j] = a + c;
+            v[j + h] = a - c;
+          }
+      }
+    }
+    const __m512 vs = _mm512_set1_ps(scale);
+    for (int64_t j = 0; j < B; j += 16) _mm512_storeu_ps(v + j, _mm512_mul_ps(_mm512_loadu_ps(v + j), vs));
+  }
+}
+
+// x [T, H] -> the layer's output [T, H]. Weights w: ln1 [H], q_norm [D], k_norm [D], ln2 [H], then (packed, scale,
+// row sums) of qkv [q | k | v], o, gate_up [gate | up], down. K/V caches kc, vc [nkv, R, P, D] (fp32, D contiguous):
+// rows t are written at slot + t into every one of the R copies (PredictorLoop keeps each KV head repeated) and
+// attention reads copy 0 over slots [0, span): under `mask` [T, span] (bool, True = may attend) when given, else
+// causally (row t sees slots <= slot + t). cos, sin [T, D]: rotate-half RoPE tables for the rows' positions. With
+// rot_block > 0 the down projection's input is turned by an orthonormal Hadamard rotation per block of that size.
+at::Tensor qwen3_layer(const at::Tensor& x_, at::TensorList w, const at::Tensor& kc, const at::Tensor& vc,
+                       int64_t slot, const at::Tensor& cos_, const at::Tensor& sin_,
+                       const c10::optional<at::Tensor>& mask_, int64_t span, int64_t nh, int64_t nkv, double eps_,
+                       double qk_eps_, int64_t rot_block) {
+  TORCH_CHECK(w.size() == 16, "qwen3_layer: 16 weight tensors expected");
+  TORCH_CHECK(x_.dim() == 2 && x_.scalar_type() == at::kFloat, "qwen3_layer: x must be fp32 [T, H]");
+  const at::Tensor x = x_.contiguous(), cs = cos_.contiguous(), sn = sin_.contiguous();
+  const int64_t T = x.size(0), H = x.size(1), D = kc.size(3), P = kc.size(2), R = kc.size(1);
+  TORCH_CHECK(kc.dim() == 4 && vc.sizes() == kc.sizes() && kc.size(0) == nkv && kc.stride(3) == 1 &&
+              vc.stride(3) == 1 && kc.scalar_type() == at::kFloat && vc.scalar_type() == at::kFloat,
+              "qwen3_layer: caches must be fp32 [nkv, R, P, D] with D contiguous");
+  TORCH_CHECK(D % 32 == 0 && D <= 512 && H % 16 == 0 && nh % nkv == 0, "qwen3_layer: unsupported head shape");
+  TORCH_CHECK(slot + T <= P && span <= P && span >= 1, "qwen3_layer: slots past the cache");
+  TORCH_CHECK(cs.dim() == 2 && cs.size(0) == T && cs.size(1) == D && sn.sizes() == cs.sizes() &&
+              cs.scalar_type() == at::kFloat && sn.scalar_type() == at::kFloat, "qwen3_layer: cos/sin [T, D]");
+  const bool* mask = nullptr;
+  at::Tensor mk;
+  if (mask_.has_value() && mask_->defined()) {
+    mk = mask_->contiguous();
+    TORCH_CHECK(mk.scalar_type() == at::kBool && mk.dim() == 2 && mk.size(0) == T && mk.size(1) == span,
+                "qwen3_layer: mask must be bool [T, span]");
+    mask = mk.data_ptr<bool>();
+  } else {
+    TORCH_CHECK(span == slot + T, "qwen3_layer: without a mask, span must be slot + T");
+  }
+  for (int i = 0; i < 4; ++i)
+    TORCH_CHECK(w[i].scalar_type() == at::kFloat && w[i].is_contiguous(), "qwen3_layer: norm weights fp32");
+  const float *ln1 = w[0].data_ptr<float>(), *qn = w[1].data_ptr<float>(), *kn = w[2].data_ptr<float>(),
+              *ln2 = w[3].data_ptr<float>();
+  const Packed qkv = packed_of(w[4], w[5], w[6], nullptr, "qwen3_layer qkv");
+  const Packed o = packed_of(w[7], w[8], w[9], nullptr, "qwen3_layer o");
+  const Packed gu = packed_of(w[10], w[11], w[12], nullptr, "qwen3_layer gate_up");
+  const Packed dn = packed_of(w[13], w[14], w[15], nullptr, "qwen3_layer down");
+  const int64_t Q = nh * D, KV = nkv * D, I = gu.N / 2, rep = nh / nkv;
+  TORCH_CHECK(qkv.N == Q + 2 * KV && qkv.Kp == H && o.N == H && o.Kp == Q && gu.Kp == H && dn.N == H &&
+              dn.Kp == I && I % 16 == 0, "qwen3_layer: weight shapes do not match the layer");
+  TORCH_CHECK(rot_block == 0 || (I % rot_block == 0 && rot_block >= 16 && (rot_block & (rot_block - 1)) == 0),
+              "qwen3_layer: bad rotation block");
+  const float eps = static_cast<float>(eps_), qk_eps = static_cast<float>(qk_eps_);
+  const float* xp = x.data_ptr<float>();
+  at::Tensor out = at::empty({T, H}, x.options());
+  float* yp = out.data_ptr<float>();
+  std::vector<float> h(T * H), q(T * qkv.N), att(T * Q), g(T * 2 * I);
+
+  // attention block
+  for (int64_t t = 0; t < T; ++t) rms_norm_row(xp + t * H, ln1, H, eps, h.data() + t * H);
+  linear_raw(h.data(), T, H, qkv, q.data());
+  float* kp = kc.data_ptr<float>();
+  float* vp = vc.data_ptr<float>();
+  const int64_t ks0 = kc.stride(0), ks1 = kc.stride(1), ks2 = kc.stride(2);
+  const int64_t vs0 = vc.stride(0), vs1 = vc.stride(1), vs2 = vc.stride(2);
+  for (int64_t t = 0; t < T; ++t) {
+    float* row = q.data() + t * qkv.N;
+    const float *c = cs.data_ptr<float>() + t * D, *s = sn.data_ptr<float>() + t * D;
+    for (int64_t hd = 0; hd < nh; ++hd) norm_rope_head(row + hd * D, qn, qk_eps, c, s, D);
+    for (int64_t hd = 0; hd < nkv; ++hd) {
+      float* k = row + Q + hd * D;
+      const float* v = row + Q + KV + hd * D;
+      norm_rope_head(k, kn, qk_eps, c, s, D);
+      for (int64_t r = 0; r < R; ++r) {
+        std::memcpy(kp + hd * ks0 + r * ks1 + (slot + t) * ks2, k, D * sizeof(float));
+        std::memcpy(vp + hd * vs0 + r * vs1 + (slot + t) * vs2, v, D * sizeof(float));
+      }
+    }
+  }
+  const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+  const int64_t work = std::max<int64_t>(1, span * D);
+  at::parallel_for(0, T * nh, std::max<int64_t>(1, 32768 / work), [&](int64_t begin, int64_t end) {
+    std::vector<float> p(span);
+    for (int64_t task = begin; task < end; ++task) {
+      const int64_t t = task / nh, hd = task % nh, kvh = hd / rep;
+      const float* qv = q.data() + t * qkv.N + hd * D;
+      const float* kb = kp + kvh * ks0;
+      const float* vb = vp + kvh * vs0;
+      float mx = -INFINITY;
+      for (int64_t j = 0; j < span; ++j) {
+        const bool ok = mask ? mask[t * span + j] : (j <= slot + t);
+        if (!ok) {
+          p[j] = -INFINITY;
+          continue;
+        }
+        const float* kr = kb + j * ks2;
+        __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps();
+        for (int64_t i = 0; i < D; i += 32) {
+          a0 = _mm512_fmadd_ps(_mm512_loadu_ps(qv + i), _mm512_loadu_ps(kr + i), a0);
+          a1 = _mm512_fmadd_ps(_mm512_loadu_ps(qv + i + 16), _mm512_loadu_ps(kr + i + 16), a1);
+        }
+        p[j] = hsum(_mm512_add_ps(a0, a1)) * scale;
+        mx = std::max(mx, p[j]);
+      }
+      float total = 0.0f;
+      int64_t j = 0;
+      const __m512 vmx = _mm512_set1_ps(mx);
+      for (; j + 16 <= span; j += 16) {
+        const __m512 e = exp16(_mm512_sub_ps(_mm512_loadu_ps(p.data() + j), vmx));  // -inf -> 0 (clamped)
+        const __mmask16 live = _mm512_cmp_ps_mask(_mm512_loadu_ps(p.data() + j), _mm512_set1_ps(-INFINITY),
+                                                  _CMP_NEQ_OQ);
+        const __m512 em = _mm512_maskz_mov_ps(live, e);
+        _mm512_storeu_ps(p.data() + j, em);
+        total += hsum(em);
+      }
+      for (; j < span; ++j) {
+        const float e = std::isinf(p[j]) ? 0.0f : std::exp(p[j] - mx);
+        p[j] = e;
+        total += e;
+      }
+      const float inv = 1.0f / total;
+      float* dst = att.data() + t * Q + hd * D;
+      float acc[512];
+      std::fill(acc, acc + D, 0.0f);
+      for (int64_t jj = 0; jj < span; ++jj) {
+        if (p[jj] == 0.0f) continue;
+        const __m512 pj = _mm512_set1_ps(p[jj]);
+        const float* vr = vb + jj * vs2;
+        for (int64_t i = 0; i < D; i += 16)
+          _mm512_storeu_ps(acc + i, _mm512_fmadd_ps(pj, _mm512_loadu_ps(vr + i), _mm512_loadu_ps(acc + i)));
+      }
+      const __m512 vinv = _mm512_set1_ps(inv);
+      for (int64_t i = 0; i < D; i += 16) _mm512_storeu_ps(dst + i, _mm512_mul_ps(_mm512_loadu_ps(acc + i), vinv));
+    }
+  });
+  linear_raw(att.data(), T, Q, o, yp);
+  for (int64_t i = 0; i < T * H; i += 16)
+    _mm512_storeu_ps(yp + i, _mm512_add_ps(_mm512_loadu_ps(yp + i), _mm512_loadu_ps(xp + i)));
+
+  // MLP block
+  for (int64_t t = 0; t < T; ++t) rms_norm_row(yp + t * H, ln2, H, eps, h.data() + t * H);
+  linear_raw(h.data(), T, H, gu, g.data());
+  for (int64_t t = 0; t < T; ++t) {
+    float* gate = g.data() + t * 2 * I;  // silu(gate) * up, written over gate
+    const float* up = gate + I;
+    for (int64_t i = 0; i < I; i += 16) {
+      const __m512 v = _mm512_loadu_ps(gate + i);
+      const __m512 sig = _mm512_div_ps(_mm512_set1_ps(1.0f),
+                                       _mm512_add_ps(_mm512_set1_ps(1.0f), exp16(_mm512_sub_ps(_mm512_setzero_ps(), v))));
+      _mm512_storeu_ps(gate + i, _mm512_mul_ps(_mm512_mul_ps(v, sig), _mm512_loadu_ps(up + i)));
+    }
+    if (rot_block) hadamard_blocks(gate, I, rot_block);
+    if (t) std::memmove(g.data() + t * I, gate, I * sizeof(float));  // rows packed [T, I] for the product
+  }
+  std::vector<float> d(T * H);
+  linear_raw(g.data(), T, I, dn, d.data());
+  for (int64_t i = 0; i < T * H; i += 16)
+    _mm512_storeu_ps(yp + i, _mm512_add_ps(_mm512_loadu_ps(yp + i), _mm512_loadu_ps(d.data() + i)));
+  return out;
 }
 
 }  // namespace
 
 TORCH_LIBRARY(leapvox_kernels, m) {
   m.def("w8a8_linear(Tensor x, Tensor w, Tensor wscale, Tensor wsum, Tensor? bias) -> Tensor");
+  m.def("qwen3_layer(Tensor x, Tensor[] w, Tensor kc, Tensor vc, int slot, Tensor cos, Tensor sin, Tensor? mask, "
+        "int span, int nh, int nkv, float eps, float qk_eps, int rot_block) -> Tensor");
 }
 
-TORCH_LIBRARY_IMPL(leapvox_kernels, CPU, m) { m.impl("w8a8_linear", &w8a8_linear); }
+TORCH_LIBRARY_IMPL(leapvox_kernels, CPU, m) {
+  m.impl("w8a8_linear", &w8a8_linear);
+  m.impl("qwen3_layer", &qwen3_layer);
+}

@@ -52,9 +52,13 @@ PEERS = {
 }
 # bytes per weight of each peer's format for the talker and predictor linears: vox q8 = 32 int8 + one fp32 scale per
 # 32 weights; GGML Q8_0 = 32 int8 + one fp16 scale; the official package runs them in bf16.
-# leapvox weight "formats" that are a real format run on torch's prebuilt kernels (engine.kernels turned off), for
-# an A/B of leapvox's own compiled kernel against them in one run
-TORCH_KERNEL_VARIANTS = {"w8a8-torch": "w8a8"}
+# leapvox weight "formats" that are a real format with part of leapvox's compiled path turned off, for A/B runs:
+# name -> (format, environment, label). w8a8-torch: torch's prebuilt kernels (engine.kernels off); w8a8-unfused:
+# leapvox's kernel for the products but each decoder layer through its modules (engine.fused off)
+VARIANTS = {
+    "w8a8-torch": ("w8a8", {"LEAPVOX_KERNELS": "0"}, "torch's kernels"),
+    "w8a8-unfused": ("w8a8", {"LEAPVOX_FUSED": "0"}, "layers unfused"),
+}
 BYTES_PER_WEIGHT = {"vox": 36 / 32, "qwentts": 34 / 32, "official": 2.0}
 SPEAKER, LANGUAGE = "aiden", "english"  # the official side speaks the first speaker by name, in English
 
@@ -453,8 +457,8 @@ def parser():
     )
     p.add_argument(
         "--weights", default="int8",
-        help="leapvox weight formats, comma-separated, e.g. int8,w8a8,auto; w8a8-torch = w8a8 on torch's kernels "
-             "(default int8)",
+        help="leapvox weight formats, comma-separated, e.g. int8,w8a8,auto; w8a8-torch = w8a8 on torch's kernels, "
+             "w8a8-unfused = w8a8 with each decoder layer through its modules (default int8)",
     )
     p.add_argument("--rounds", type=int, default=3, help="interleaved rounds (default 3)")
     p.add_argument("--frames", type=int, default=32, help="frames every engine speaks per run (default 32)")
@@ -510,7 +514,7 @@ def run(args) -> int:
     try:  # whatever leapvox's loader takes, `auto` included
         from leapvox.engine.quant import WEIGHT_FORMATS
 
-        known = (*WEIGHT_FORMATS, "auto", *TORCH_KERNEL_VARIANTS)
+        known = (*WEIGHT_FORMATS, "auto", *VARIANTS)
     except ImportError:
         known = bench.WEIGHTS
     badw = [w for w in weights if w not in known]
@@ -543,9 +547,9 @@ def run(args) -> int:
         if e == "leapvox":
             for w in weights:
                 runs[f"leapvox-{w}"] = {"kind": "leapvox", "weights": w, "label": f"leapvox {w}"}
-                if w in TORCH_KERNEL_VARIANTS:  # the same format on torch's prebuilt kernels
-                    runs[f"leapvox-{w}"].update(weights=TORCH_KERNEL_VARIANTS[w], env={"LEAPVOX_KERNELS": "0"},
-                                                label=f"leapvox {TORCH_KERNEL_VARIANTS[w]}, torch's kernels")
+                if w in VARIANTS:  # the same format with part of leapvox's compiled path turned off
+                    fmt, env, what = VARIANTS[w]
+                    runs[f"leapvox-{w}"].update(weights=fmt, env=env, label=f"leapvox {fmt}, {what}")
         elif e == "official":
             why = bench.official_available()
             if why:
