@@ -213,3 +213,44 @@ def test_fused_layer_only_for_shapes_it_takes(op):
     with torch.inference_mode():
         stack.setup_cache(4)
         assert stack(torch.randn(1, 2, 256), 0).shape == (1, 2, 256)
+
+
+# ---- the codec's kernels (codec.cpp) -------------------------------------------------------------------------------
+
+
+def test_snake_kernel_matches_the_torch_composite(op):
+    from leapvox.engine.codec import SnakeBeta
+
+    torch.manual_seed(0)
+    snake = SnakeBeta(24)
+    with torch.no_grad():
+        snake.alpha.normal_(0, 1)
+        snake.beta.normal_(0, 1)
+    x = torch.randn(2, 24, 101) * 5  # a length that is not a multiple of 16: the masked tail too
+    with torch.inference_mode():
+        fast = snake(x)
+        with kernels.disabled():
+            slow = snake(x)
+        wide = torch.linspace(-3000, 3000, 50001)[None, None]
+        one = SnakeBeta(1)
+        wide_fast = one(wide)
+    assert not torch.equal(fast, slow)  # really the kernel
+    assert (fast - slow).abs().max().item() < 1e-5 * slow.abs().max().item()
+    ref = (wide.double() + torch.sin(wide.double()) ** 2 / (1 + 1e-9)).float()
+    assert (wide_fast - ref).abs().max().item() <= 3e-4  # ~1 ulp of |x| = 3000: the reduction holds far out
+
+
+def test_overlap_add_kernel_keeps_the_bits_and_streams(op):
+    from leapvox.engine.codec import CausalTransConv1d
+
+    torch.manual_seed(0)
+    for k, s in ((16, 8), (6, 3), (4, 4)):
+        conv = CausalTransConv1d(32, 24, k, s).eval()
+        x = torch.randn(1, 32, 37)
+        with torch.inference_mode():
+            whole = conv(x)
+            cache: dict = {}
+            streamed = torch.cat([conv(x[..., a:b], cache) for a, b in ((0, 5), (5, 6), (6, 37))], dim=-1)
+            with kernels.disabled():
+                composite = conv(x)
+        assert torch.equal(whole, composite) and torch.equal(streamed, whole), (k, s)

@@ -29,7 +29,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-SOURCE = Path(__file__).with_name("w8a8.cpp")
+SOURCES = [Path(__file__).with_name(name) for name in ("w8a8.cpp", "codec.cpp")]
 COLS, K_GROUP = 64, 4  # the packed layout: blocks of 64 weight rows (output columns), 4 input features at a time
 ISA_FLAGS = ("-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni")
 ENV_SWITCH = "LEAPVOX_KERNELS"  # "0": never build or load (torch's kernels only)
@@ -81,7 +81,7 @@ def _build_command(cxx: str, out: Path) -> list[str]:
     return [
         cxx, "-O3", "-std=c++20", "-shared", "-fPIC", "-fopenmp", *ISA_FLAGS, f"-D_GLIBCXX_USE_CXX11_ABI={abi}",
         "-w", f"-I{root / 'include'}", f"-I{root / 'include' / 'torch' / 'csrc' / 'api' / 'include'}",
-        str(SOURCE), "-o", str(out), f"-L{root / 'lib'}", f"-Wl,-rpath,{root / 'lib'}", "-lc10", "-ltorch_cpu",
+        *map(str, SOURCES), "-o", str(out), f"-L{root / 'lib'}", f"-Wl,-rpath,{root / 'lib'}", "-lc10", "-ltorch_cpu",
     ]  # -fopenmp links torch's own libgomp (its lib/ comes first): one OpenMP runtime in the process
 
 
@@ -89,10 +89,10 @@ def _library() -> Path:
     """The built library for this source, torch and compiler (built now if it is not in the cache)."""
     cxx = _compiler()
     version = subprocess.run([cxx, "--version"], capture_output=True, text=True, timeout=30).stdout
-    key = hashlib.sha256(SOURCE.read_bytes() + torch.__version__.encode() + version.encode()
+    key = hashlib.sha256(b"".join(s.read_bytes() for s in SOURCES) + torch.__version__.encode() + version.encode()
                          + " ".join(ISA_FLAGS).encode()).hexdigest()[:16]
     folder = cache_dir()
-    lib = folder / f"w8a8-{key}.so"
+    lib = folder / f"leapvox-{key}.so"
     if lib.is_file():
         return lib
     folder.mkdir(parents=True, exist_ok=True)
@@ -168,6 +168,18 @@ def layer_op() -> Callable | None:
     """torch.ops.leapvox_kernels.qwen3_layer (one w8a8 decoder layer in C++, engine/fused.py), or None where the
     kernel is unavailable. It comes with w8a8_op(): the same library."""
     return None if w8a8_op() is None else torch.ops.leapvox_kernels.qwen3_layer
+
+
+def snake_op() -> Callable | None:
+    """torch.ops.leapvox_kernels.snake(x fp32 [B, C, L], a [C], b [C]) -> x + sin(a x)^2 b in one pass (codec.cpp),
+    or None where the kernels are unavailable."""
+    return None if w8a8_op() is None else torch.ops.leapvox_kernels.snake
+
+
+def overlap_add_op() -> Callable | None:
+    """torch.ops.leapvox_kernels.overlap_add(cols fp32 [B, L, C, k], spill [B, C, k - s], bias [C], s) -> [B, C, L*s]
+    (codec.cpp: a transposed convolution's overlap-add in one pass), or None where the kernels are unavailable."""
+    return None if w8a8_op() is None else torch.ops.leapvox_kernels.overlap_add
 
 
 def unavailable_reason() -> str | None:
