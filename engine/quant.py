@@ -1,6 +1,7 @@
 """Low-bit weights for the CPU: the talker's and predictor's linears as `int8` (W8A16, below), `w8a8` (the same
-8-bit weights with 8-bit dynamic activations through torch's quantized-linear kernels: W8A8Linear, fused q/k/v and
-gate/up, a Hadamard-rotated down-projection input) or `int4` (Int4Linear); `auto` resolves to w8a8 where it runs.
+8-bit weights with 8-bit dynamic activations through leapvox's compiled kernel or else torch's quantized-linear
+kernels: W8A8Linear, fused q/k/v and gate/up, a Hadamard-rotated down-projection input) or `int4` (Int4Linear);
+`auto` resolves to w8a8 where it runs.
 Routes and fidelity measured: tests/benchmarks/README.md and engine/README.md.
 
 `int8` stores each linear weight W [N, K] as int8 codes q [N, K] and one scale per output row s [N], with

@@ -4,7 +4,9 @@
 4 input features at a time, 8-bit activations quantized per row, exact int32 dot products, blocks split over
 torch's own threads). Against torch's FBGEMM route on the 0.6B predictor's 35 linears it reads the weights 1.2x
 faster at one row and quantizes each row of a multi-row call on its own (so the root row of spec's verify call is
-computed exactly as the ar call computes it); measured in tests/benchmarks/README.md ("w8a8 kernel").
+computed exactly as the ar call computes it); measured in tests/benchmarks/README.md ("w8a8 kernel"). Also
+`qwen3_layer`: a whole w8a8 decoder layer in one call (engine/fused.py).
+`codec.cpp`: the codec decoder's SnakeBeta in one pass and its transposed convolutions' overlap-add.
 
 Nothing here is needed: leapvox installs with pip alone and runs torch's kernels when this one is not available:
 a CPU without AVX-512 VNNI, no C++ compiler (`c++`, or $CXX), no torch headers, `LEAPVOX_KERNELS=0`, or a build or

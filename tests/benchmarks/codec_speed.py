@@ -17,6 +17,7 @@ random weights (the recipe tests/test_codec.py uses, scaled up), and on the offi
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import importlib.util
 import json
@@ -64,7 +65,17 @@ def streamed(m, codes: torch.Tensor, first: int = 2, most: int = 16) -> torch.Te
     return torch.cat(out, dim=-1)
 
 
+def kernels_for(variant: str):
+    """`X-torch`: variant X with leapvox's compiled codec kernels off (engine/kernels: SnakeBeta, overlap-add)."""
+    if not variant.endswith("-torch"):
+        return contextlib.nullcontext()
+    from leapvox.engine import kernels
+
+    return kernels.disabled()
+
+
 def build(variant: str, base_module=None):
+    variant = variant.removesuffix("-torch")
     module = base_module if variant == "base" else sys.modules[CodecDecoder.__module__]
     m = module.CodecDecoder(module.CodecConfig.from_dict(SPEECH_TOKENIZER)).eval()
     m.load_state_dict(random_state(m, torch.float32, seed=1))
@@ -83,13 +94,15 @@ def speed(variants: list[str], frames: int, repeats: int, baseline: str | None) 
     calls = {"oneshot": lambda m: m.chunked_decode(codes), "stream": lambda m: streamed(m, codes)}
     wall, cpu = {}, {}
     for v, m in models.items():  # warm-up, and streaming == one-shot
-        a, b = (fn(m) for fn in calls.values())
+        with kernels_for(v):
+            a, b = (fn(m) for fn in calls.values())
         print(f"{v}: streamed == one-shot: {torch.equal(a, b)}", flush=True)
     for _ in range(repeats):
         for v, m in models.items():
             for kind, fn in calls.items():
-                t0, c0 = time.perf_counter(), time.process_time()
-                fn(m)
+                with kernels_for(v):
+                    t0, c0 = time.perf_counter(), time.process_time()
+                    fn(m)
                 wall.setdefault((v, kind), []).append(1e3 * (time.perf_counter() - t0) / frames)
                 cpu.setdefault((v, kind), []).append(1e3 * (time.process_time() - c0) / frames)
     out = {}
@@ -171,7 +184,8 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--frames", type=int, default=16, help="frames decoded per timing (default 16)")
     p.add_argument("--repeats", type=int, default=4, help="interleaved rounds (default 4)")
-    p.add_argument("--variants", default="fp32,lowered", help="comma list of fp32, lowered, bf16, base")
+    p.add_argument("--variants", default="fp32,lowered",
+                   help="comma list of fp32, lowered, bf16, base; X-torch: X with leapvox's codec kernels off")
     p.add_argument("--baseline", default=None, help="git revision for the 'base' variant's engine/codec.py")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--error", action="store_true", help="measure waveform error instead of speed")
@@ -179,7 +193,8 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
     variants = [v for v in args.variants.split(",") if v]
-    if set(variants) - {"fp32", "lowered", "bf16", "base"} or ("base" in variants and not args.baseline):
+    plain = {v.removesuffix("-torch") for v in variants}
+    if plain - {"fp32", "lowered", "bf16", "base"} or ("base" in plain and not args.baseline):
         p.error("variants are fp32, lowered, bf16 and base (base needs --baseline REV)")
     result = error() if args.error else speed(variants, args.frames, args.repeats, args.baseline)
     if args.json:
