@@ -180,6 +180,18 @@ def _output(args, fn, *a):
         raise write_error(args, e) from None
 
 
+def _chunking(args, model) -> dict:
+    """Codec chunk sizes: the first chunk small (audio after one frame) where someone may be listening as it arrives
+    (--play, -o -); into a file, the steady size from the start, when the codec's samples do not depend on the
+    chunking (`streams_exactly`: Qwen's codec, not the demo's Griffin-Lim one): an early first chunk gains a file
+    nothing, and every codec call has a fixed cost (a 1-frame call takes about 4 frames' time on the 0.6B codec)."""
+    if args.play or args.output == "-" or not args.output or not getattr(model.codec, "streams_exactly", False):
+        return {}
+    from leapvox.engine.streaming import MAX_CHUNK_FRAMES
+
+    return {"first_chunk": MAX_CHUNK_FRAMES}
+
+
 def cmd_speak(args) -> int:
     text = read_text(args)
     _check_output(args)
@@ -196,7 +208,7 @@ def cmd_speak(args) -> int:
         progress = Progress(sys.stderr.isatty() and not args.quiet and player is None)
         if writer is not None:
             _output(args, writer.start, model.sample_rate)
-        for chunk in model.synthesizer().stream(text, opts, voice=voice):
+        for chunk in model.synthesizer().stream(text, opts, voice=voice, **_chunking(args, model)):
             if player is not None:
                 player.feed(chunk.audio, chunk.stats.xrt, chunk.stats.est_remaining_s)
             if writer is not None:

@@ -108,12 +108,20 @@ def _onednn(x: torch.Tensor) -> bool:
     return cpu and torch.backends.mkldnn.is_available()
 
 
+# Dense convs with at least this many (in x out) channel pairs take im2col + one matmul instead of oneDNN: oneDNN
+# reorders a conv's weights on every call, which for the first decoder conv (1024 -> 1536, k 7, 44 MB) measured
+# ~27 ms a call at 1-16 frames against 8-11 ms for the matmul; the 768-channel convs and smaller are faster in
+# oneDNN from about 8 frames a call, so they stay (tests/benchmarks/README.md, "Fused layers and codec kernels").
+ONEDNN_MAX_WEIGHTS = 1 << 20
+
+
 class CausalConv1d(nn.Module):
     """Stride-1 conv, left-padded by (k-1)*dilation so the length is kept and no output sees the future.
     Dense convs run through oneDNN's direct convolution (`torch.mkldnn_convolution`), whose rounding of an output
     sample does not depend on the length of the call, so streamed output equals one-shot output bit for bit
     (F.conv1d is not: it picks other kernels for short inputs, and oneDNN's 1x1 kernels split by length, so 1x1
-    convs are one matmul). Without oneDNN: im2col + matmul, also length-independent, 2-3x slower."""
+    convs are one matmul). Without oneDNN, and for the largest convs (ONEDNN_MAX_WEIGHTS): im2col + matmul, also
+    length-independent (2-3x slower than oneDNN on long inputs, faster on the codec's largest conv)."""
 
     def __init__(self, c_in: int, c_out: int, kernel: int, dilation: int = 1, groups: int = 1):
         super().__init__()
@@ -134,7 +142,7 @@ class CausalConv1d(nn.Module):
             L = x.shape[-1]
             x = F.pad(x, (0, 16 - L)) if L < 16 else x  # BLAS rounds a handful of columns differently
             return (torch.matmul(self.conv.weight[..., 0], x) + self.conv.bias[:, None])[..., :L]
-        if _onednn(x):
+        if _onednn(x) and self.conv.in_channels * self.conv.out_channels < ONEDNN_MAX_WEIGHTS:
             x = x.contiguous()  # one layout in, one out, whatever the caller's strides (bf16 kernels follow them)
             return torch.mkldnn_convolution(x, self.conv.weight, self.conv.bias, [0], [1], [self.dilation], 1)
         w, L, out = self.conv.weight.flatten(1).t(), x.shape[-1] - self.pad, []  # w: [C_in*k, C_out]
@@ -365,6 +373,10 @@ class PreTransformer(nn.Module):
 
 class CodecDecoder(nn.Module):
     """The decoder half of the 12 Hz speech tokenizer. Keys match the official `decoder.*` tensors."""
+
+    # a stream's samples do not depend on how the frames are chunked (bit for bit; tests/test_codec.py), so callers
+    # may pick chunk sizes for speed alone (app/speak.py does, writing a file)
+    streams_exactly = True
 
     def __init__(self, cfg: CodecConfig):
         super().__init__()

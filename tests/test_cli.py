@@ -8,6 +8,7 @@ import shutil
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 import soundfile as sf
 from safetensors.torch import load_file, save_file
@@ -44,6 +45,30 @@ def test_speak_writes_wav(tmp_path, capsys):
     assert sr == 24000 and audio.ndim == 1 and len(audio) == 1920 * len(codes) and len(codes) <= 3
     assert "wrote" in err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["codes.json", "x.wav"]  # no temp files left
+
+
+def test_speak_into_a_file_decodes_in_steady_chunks_with_the_same_audio(tmp_path, capsysbinary, monkeypatch):
+    """Into a file the first codec chunk is the steady size (no early audio to hand out; each codec call has a fixed
+    cost); to standard output (perhaps a player) it stays small. The audio is the same bit for bit."""
+    from leapvox.engine.streaming import MAX_CHUNK_FRAMES
+    from leapvox.engine.synthesis import Synthesizer
+
+    seen, real = [], Synthesizer.stream
+
+    def spy(self, *a, **k):
+        seen.append(k.get("first_chunk"))
+        return real(self, *a, **k)
+
+    monkeypatch.setattr(Synthesizer, "stream", spy)
+    out, same = tmp_path / "x.wav", ["--model", str(MODEL), "--max-frames", "6", "--seed", "3"]
+    assert main(["speak", "Hello world.", "-o", str(out), *same]) == 0
+    capsysbinary.readouterr()
+    assert main(["speak", "Hello world.", "-o", "-", *same]) == 0
+    piped = capsysbinary.readouterr().out
+    assert seen == [MAX_CHUNK_FRAMES, None]
+    file_audio, _ = sf.read(out, dtype="int16")
+    pipe_audio, _ = sf.read(io.BytesIO(piped), dtype="int16")
+    assert len(file_audio) == 6 * 1920 and np.array_equal(file_audio, pipe_audio)
 
 
 def test_stdout_is_pure_wav_and_stdin_text():
