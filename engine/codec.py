@@ -174,8 +174,8 @@ class CausalTransConv1d(nn.Module):
         w = self.conv.weight  # [C_in, C_out, k]
         cols = _rowwise(lambda t: t @ w.flatten(1), x.transpose(1, 2).contiguous())  # [B, L, C_out*k]
         cols = cols.view(B, L, w.shape[1], -1)  # [B, L, C_out, k]: frame t's contribution to t*s .. t*s+k-1
-        op = kernels.overlap_add_op() if cols.dtype == torch.float32 and cols.device.type == "cpu" else None
-        if op is not None and not torch.jit.is_tracing() and not (cols.requires_grad and torch.is_grad_enabled()):
+        op = kernels.overlap_add_op() if kernels.takes(cols) else None
+        if op is not None:
             # leapvox's compiled kernel: the same additions in one pass (engine/kernels/codec.cpp)
             prev = cache.get(self) if cache is not None else None  # [B, 1, C_out, overlap], as _with_context keeps
             spill = cols.new_zeros(B, w.shape[1], self.overlap) if prev is None else prev[:, 0]
@@ -200,10 +200,8 @@ class SnakeBeta(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [B, C, L]
         alpha = self.alpha.exp()[None, :, None]
         inv_beta = 1.0 / (self.beta.exp()[None, :, None] + 1e-9)
-        op = kernels.snake_op() if x.dtype == torch.float32 and x.device.type == "cpu" else None
-        if op is not None and alpha.dtype == torch.float32 and not torch.jit.is_tracing() and not (
-            x.requires_grad and torch.is_grad_enabled()
-        ):  # leapvox's compiled kernel: one pass instead of four (engine/kernels/codec.cpp)
+        op = kernels.snake_op() if kernels.takes(x) and alpha.dtype == torch.float32 else None
+        if op is not None:  # leapvox's compiled kernel: one pass instead of four (engine/kernels/codec.cpp)
             return op(x, alpha.view(-1), inv_beta.view(-1))
         s = torch.sin(x * alpha)
         if torch.jit.is_tracing():  # an exported graph (Core ML) keeps to plain ops; some converters lack addcmul

@@ -115,8 +115,4 @@ def fits(layer: nn.Module) -> bool:
 def usable(x: torch.Tensor, mask: torch.Tensor | None) -> bool:
     """Whether rows x [T, H] (and a mask, if any) can take a FusedLayer: fp32 on the CPU, no autograd, no tracing,
     a boolean [T, S] mask."""
-    if x.dtype != torch.float32 or x.device.type != "cpu" or torch.jit.is_tracing():
-        return False
-    if x.requires_grad and torch.is_grad_enabled():
-        return False
-    return mask is None or (mask.dtype == torch.bool and mask.dim() == 2)
+    return kernels.takes(x) and (mask is None or (mask.dtype == torch.bool and mask.dim() == 2))

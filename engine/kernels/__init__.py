@@ -166,22 +166,32 @@ def w8a8_op() -> Callable | None:
     return _STATE["op"]
 
 
+def _op(name: str) -> Callable | None:
+    """torch.ops.leapvox_kernels.<name> (built with w8a8_op(): one library), or None where it is unavailable."""
+    return None if w8a8_op() is None else getattr(torch.ops.leapvox_kernels, name)
+
+
 def layer_op() -> Callable | None:
-    """torch.ops.leapvox_kernels.qwen3_layer (one w8a8 decoder layer in C++, engine/fused.py), or None where the
-    kernel is unavailable. It comes with w8a8_op(): the same library."""
-    return None if w8a8_op() is None else torch.ops.leapvox_kernels.qwen3_layer
+    """qwen3_layer: one w8a8 decoder layer in C++ (engine/fused.py), or None."""
+    return _op("qwen3_layer")
 
 
 def snake_op() -> Callable | None:
-    """torch.ops.leapvox_kernels.snake(x fp32 [B, C, L], a [C], b [C]) -> x + sin(a x)^2 b in one pass (codec.cpp),
-    or None where the kernels are unavailable."""
-    return None if w8a8_op() is None else torch.ops.leapvox_kernels.snake
+    """snake(x fp32 [B, C, L], a [C], b [C]) -> x + sin(a x)^2 b in one pass (codec.cpp), or None."""
+    return _op("snake")
 
 
 def overlap_add_op() -> Callable | None:
-    """torch.ops.leapvox_kernels.overlap_add(cols fp32 [B, L, C, k], spill [B, C, k - s], bias [C], s) -> [B, C, L*s]
-    (codec.cpp: a transposed convolution's overlap-add in one pass), or None where the kernels are unavailable."""
-    return None if w8a8_op() is None else torch.ops.leapvox_kernels.overlap_add
+    """overlap_add(cols fp32 [B, L, C, k], spill [B, C, k - s], bias [C], s) -> [B, C, L*s]: a transposed
+    convolution's overlap-add in one pass (codec.cpp), or None."""
+    return _op("overlap_add")
+
+
+def takes(x: torch.Tensor) -> bool:
+    """Whether a compiled op may take x: fp32 on the CPU, not being traced, and no autograd graph to build."""
+    if x.dtype != torch.float32 or x.device.type != "cpu" or torch.jit.is_tracing():
+        return False
+    return not (x.requires_grad and torch.is_grad_enabled())
 
 
 def unavailable_reason() -> str | None:
