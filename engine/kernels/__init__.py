@@ -187,6 +187,18 @@ def overlap_add_op() -> Callable | None:
     return _op("overlap_add")
 
 
+def linear_op() -> Callable | None:
+    """linear_f32(x fp32 [M, K], w fp32 [N, K], bias [N] or None) -> [M, N] with a fixed summation order per output,
+    so a value's rounding does not depend on M (codec.cpp), or None."""
+    return _op("linear_f32")
+
+
+def window_attention_op() -> Callable | None:
+    """window_attention(q fp32 [B, H, n, D], k, v [B, H, W-1+n, D], mask bool [n, W], scale) -> [B, H, n, D]: query i
+    attends to keys i .. i+W-1 where the mask allows, in a fixed order per query (codec.cpp), or None."""
+    return _op("window_attention")
+
+
 def takes(x: torch.Tensor) -> bool:
     """Whether a compiled op may take x: fp32 on the CPU, not being traced, and no autograd graph to build."""
     if x.dtype != torch.float32 or x.device.type != "cpu" or torch.jit.is_tracing():
