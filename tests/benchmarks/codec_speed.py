@@ -5,7 +5,8 @@
 
 Speed: ms per 80 ms frame, one-shot (`chunked_decode`, as `Synthesizer.decode`) and streamed the way
 `Synthesizer.stream` pushes (2, 4, 8, then 16 frames per push, official 300/25 chunking), variants interleaved
-A B A B in one process, medians, wall and process CPU time (on a busy box the CPU time is the steadier figure).
+A B A B in one process, medians, wall and process CPU time; and `first`, a fresh stream's 1-frame push (ms for
+that frame: the codec's part of the time to first audio), (on a busy box the CPU time is the steadier figure).
 Variants: fp32 (the working tree), lowered (`CodecDecoder.lower_precision()`), bf16 (the whole module in bf16, as
 the bf16 weight format loads it), base (engine/codec.py at git revision `--baseline`, fp32). Weights follow
 bench.py's checkpoint recipe (bench.random_state, seed 1), so the timings are those of the benchmark checkpoint.
@@ -22,6 +23,7 @@ import copy
 import importlib.util
 import json
 import math
+import re
 import statistics
 import subprocess
 import sys
@@ -43,7 +45,9 @@ REFERENCE = ROOT / "tests" / "fixtures" / "reference"
 def codec_at(revision: str):
     """engine/codec.py as of a git revision, imported as its own module."""
     src = subprocess.run(["git", "show", f"{revision}:engine/codec.py"], cwd=ROOT, capture_output=True, text=True,
-                         check=True).stdout.replace("from .layers import", "from leapvox.engine.layers import")
+                         check=True).stdout
+    src = re.sub(r"^from \.(\w)", r"from leapvox.engine.\1", src, flags=re.M)  # relative imports, made absolute:
+    src = re.sub(r"^from \. import", "from leapvox.engine import", src, flags=re.M)  # it loads outside the package
     path = Path(tempfile.mkdtemp()) / "codec_base.py"
     path.write_text(src)
     spec = importlib.util.spec_from_file_location("codec_base", path)
@@ -91,11 +95,14 @@ def speed(variants: list[str], frames: int, repeats: int, baseline: str | None) 
     base = codec_at(baseline) if "base" in variants else None
     models = {v: build(v, base) for v in variants}
     codes = random_codes(frames)
-    calls = {"oneshot": lambda m: m.chunked_decode(codes), "stream": lambda m: streamed(m, codes)}
+    # first: a fresh stream's 1-frame push, the codec's share of the time to first audio (ms for that one frame)
+    calls = {"oneshot": lambda m: m.chunked_decode(codes), "stream": lambda m: streamed(m, codes),
+             "first": lambda m: m.stream().push(codes[..., :1])}
+    per = {"oneshot": frames, "stream": frames, "first": 1}
     wall, cpu = {}, {}
     for v, m in models.items():  # warm-up, and streaming == one-shot
         with kernels_for(v):
-            a, b = (fn(m) for fn in calls.values())
+            a, b, _ = (fn(m) for fn in calls.values())
         print(f"{v}: streamed == one-shot: {torch.equal(a, b)}", flush=True)
     for _ in range(repeats):
         for v, m in models.items():
@@ -103,8 +110,8 @@ def speed(variants: list[str], frames: int, repeats: int, baseline: str | None) 
                 with kernels_for(v):
                     t0, c0 = time.perf_counter(), time.process_time()
                     fn(m)
-                wall.setdefault((v, kind), []).append(1e3 * (time.perf_counter() - t0) / frames)
-                cpu.setdefault((v, kind), []).append(1e3 * (time.process_time() - c0) / frames)
+                wall.setdefault((v, kind), []).append(1e3 * (time.perf_counter() - t0) / per[kind])
+                cpu.setdefault((v, kind), []).append(1e3 * (time.process_time() - c0) / per[kind])
     out = {}
     for (v, kind), ts in wall.items():
         out[f"{v}/{kind}"] = {"wall_median_ms": statistics.median(ts), "wall_min_ms": min(ts),
