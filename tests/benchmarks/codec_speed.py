@@ -5,8 +5,8 @@
 
 Speed: ms per 80 ms frame, one-shot (`chunked_decode`, as `Synthesizer.decode`) and streamed the way
 `Synthesizer.stream` pushes (2, 4, 8, then 16 frames per push, official 300/25 chunking), variants interleaved
-A B A B in one process, medians, wall and process CPU time; and `first`, a fresh stream's 1-frame push (ms for
-that frame: the codec's part of the time to first audio), (on a busy box the CPU time is the steadier figure).
+A B A B in one process, medians, wall and process CPU time (on a busy box the CPU time is the steadier figure);
+and `first`, a fresh stream's 1-frame push (ms for that frame: the codec's part of the time to first audio).
 Variants: fp32 (the working tree), lowered (`CodecDecoder.lower_precision()`), bf16 (the whole module in bf16, as
 the bf16 weight format loads it), base (engine/codec.py at git revision `--baseline`, fp32). Weights follow
 bench.py's checkpoint recipe (bench.random_state, seed 1), so the timings are those of the benchmark checkpoint.
