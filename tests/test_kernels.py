@@ -254,3 +254,35 @@ def test_overlap_add_kernel_keeps_the_bits_and_streams(op):
             with kernels.disabled():
                 composite = conv(x)
         assert torch.equal(whole, composite) and torch.equal(streamed, whole), (k, s)
+
+
+@pytest.mark.parametrize("m,k,n", [(1, 5, 3), (7, 100, 13), (16, 512, 37), (130, 33, 9)])
+def test_linear_f32_rounds_each_value_alike_for_any_number_of_rows(op, m, k, n):
+    linear = kernels.linear_op()
+    g = torch.Generator().manual_seed(m * k + n)
+    x, w, b = torch.randn(m, k, generator=g), torch.randn(n, k, generator=g), torch.randn(n, generator=g)
+    y = linear(x, w, b)
+    ref = x.double() @ w.double().T + b.double()
+    assert (y.double() - ref).abs().max().item() < 1e-5 * ref.abs().max().item()
+    one_by_one = torch.cat([linear(x[i : i + 1], w, b) for i in range(m)])
+    assert torch.equal(y, one_by_one)  # the property the codec's streaming relies on
+    assert torch.equal(linear(x, w[: n // 2 + 1], None) + b[: n // 2 + 1], y[:, : n // 2 + 1])  # bias added last
+
+
+def test_codec_window_attention_kernel_equals_the_composite_and_streams(op):
+    from leapvox.engine.codec import CodecConfig, PreTransformer
+    from leapvox.models.recipes.geometry import SPEECH_TOKENIZER
+
+    cfg = CodecConfig.from_dict({**SPEECH_TOKENIZER, "num_hidden_layers": 2})
+    torch.manual_seed(0)
+    pt = PreTransformer(cfg).eval()
+    x = torch.randn(1, 90, cfg.latent_dim)  # past the 72-frame window, so the mask and the eviction both matter
+    with torch.inference_mode():
+        whole = pt(x, {})
+        cache: dict = {}
+        streamed = torch.cat([pt(x[:, a:b], cache) for a, b in ((0, 1), (1, 17), (17, 90))], dim=1)
+        with kernels.disabled():
+            composite = pt(x, {})
+    assert torch.equal(streamed, whole)
+    assert not torch.equal(whole, composite)  # really the kernels
+    assert (whole - composite).abs().max().item() < 1e-5 * composite.abs().max().item()
