@@ -164,7 +164,7 @@ class CausalConv1d(nn.Module):
         if self.pad == 0:  # 1x1: one matmul; oneDNN's 1x1 kernels split the work (and rounding) by length
             L = x.shape[-1]
             x = F.pad(x, (0, 16 - L)) if L < 16 else x  # BLAS rounds a handful of columns differently
-            return torch.matmul(self.conv.weight[..., 0], x).add_(self.conv.bias[:, None])[..., :L]  # in place: less heap
+            return torch.matmul(self.conv.weight[..., 0], x).add_(self.conv.bias[:, None])[..., :L]  # bias in place
         if _onednn(x) and self.conv.in_channels * self.conv.out_channels < ONEDNN_MAX_WEIGHTS:
             x = x.contiguous()  # one layout in, one out, whatever the caller's strides (bf16 kernels follow them)
             return torch.mkldnn_convolution(x, self.conv.weight, self.conv.bias, [0], [1], [self.dilation], 1)
@@ -246,9 +246,11 @@ class ConvNeXtBlock(nn.Module):
     def forward(self, x: torch.Tensor, cache: Cache | None = None) -> torch.Tensor:  # [B, C, L]
         h = self.norm(self.dwconv(x, cache).transpose(1, 2))  # [B, L, C]
         dt = self.pwconv1.weight.dtype  # the input's, unless lowered (CodecDecoder.lower_precision)
-        h = h.to(dt)
-        h = _linear(F.gelu(_linear(h, self.pwconv1.weight, self.pwconv1.bias)), self.pwconv2.weight, self.pwconv2.bias)
-        h = h.to(x.dtype)
+        if kernels.linear_op() is not None and kernels.takes(h) and dt == torch.float32:
+            h = F.gelu(_linear(h, self.pwconv1.weight, self.pwconv1.bias))
+            h = _linear(h, self.pwconv2.weight, self.pwconv2.bias)
+        else:  # BLAS: both products on the same padded rows (padding each on its own changed the rounding by 3e-6)
+            h = _rowwise(lambda t: self.pwconv2(F.gelu(self.pwconv1(t))), h.to(dt)).to(x.dtype)
         return x + (self.gamma * h).transpose(1, 2)
 
 
