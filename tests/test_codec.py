@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from leapvox.engine import kernels
 from leapvox.engine.codec import CodecConfig, CodecDecoder
 
 SPF = 1920
@@ -150,16 +151,29 @@ def test_output_shape_range_and_causality(model):
     assert diff[..., 20 * SPF :].max() > 0.05  # and the audio depends on an acoustic code
 
 
+@pytest.fixture(params=["compiled", "torch"])
+def kernels_mode(request):
+    """Each streaming test twice: with leapvox's compiled codec kernels where they run, and on torch's alone (what a
+    machine without a compiler runs)."""
+    if request.param == "compiled":
+        if kernels.linear_op() is None:
+            pytest.skip(f"the compiled kernels are not available here ({kernels.unavailable_reason()})")
+        yield request.param
+    else:
+        with kernels.disabled():
+            yield request.param
+
+
 @torch.no_grad()
 @pytest.mark.parametrize("step", [1, 7, 13, 50])
-def test_streaming_equals_one_shot(model, step):
+def test_streaming_equals_one_shot(model, step, kernels_mode):
     codes = random_codes(150)  # > 72 frames, so the attention window slides
     one_shot = model(codes)
     assert max_diff(stream_decode(model, codes, step), one_shot) <= 1e-6  # bit-identical on x86 MKL
 
 
 @torch.no_grad()
-def test_streaming_batch_and_ragged_pushes(model):
+def test_streaming_batch_and_ragged_pushes(model, kernels_mode):
     codes = random_codes(90, B=2)
     s, wavs, i = model.stream(), [], 0
     for n in (1, 2, 3, 30, 0, 54):
