@@ -220,6 +220,21 @@ inline void norm_rope_head(float* x, const float* w, float eps, const float* cos
   }
 }
 
+// dst [16*NV] = inv * sum over j < span of p[j] * v row j (row stride vs), skipping p[j] == 0; j in order
+template <int NV>
+inline void weighted_sum(const float* p, int64_t span, const float* v, int64_t vs, float inv, float* dst) {
+  __m512 acc[NV];
+  for (int i = 0; i < NV; ++i) acc[i] = _mm512_setzero_ps();
+  for (int64_t j = 0; j < span; ++j) {
+    if (p[j] == 0.0f) continue;
+    const __m512 pj = _mm512_set1_ps(p[j]);
+    const float* vr = v + j * vs;
+    for (int i = 0; i < NV; ++i) acc[i] = _mm512_fmadd_ps(pj, _mm512_loadu_ps(vr + 16 * i), acc[i]);
+  }
+  const __m512 vinv = _mm512_set1_ps(inv);
+  for (int i = 0; i < NV; ++i) _mm512_storeu_ps(dst + 16 * i, _mm512_mul_ps(acc[i], vinv));
+}
+
 // in-place orthonormal Walsh-Hadamard transform (Sylvester order) of each block of B floats in x [n]
 inline void hadamard_blocks(float* x, int64_t n, int64_t B) {
   const float scale = 1.0f / std::sqrt(static_cast<float>(B));
@@ -361,17 +376,23 @@ at::Tensor qwen3_layer(const at::Tensor& x_, at::TensorList w, const at::Tensor&
       }
       const float inv = 1.0f / total;
       float* dst = att.data() + t * Q + hd * D;
-      float acc[512];
-      std::fill(acc, acc + D, 0.0f);
-      for (int64_t jj = 0; jj < span; ++jj) {
-        if (p[jj] == 0.0f) continue;
-        const __m512 pj = _mm512_set1_ps(p[jj]);
-        const float* vr = vb + jj * vs2;
-        for (int64_t i = 0; i < D; i += 16)
-          _mm512_storeu_ps(acc + i, _mm512_fmadd_ps(pj, _mm512_loadu_ps(vr + i), _mm512_loadu_ps(acc + i)));
+      if (D == 128) {
+        weighted_sum<8>(p.data(), span, vb, vs2, inv, dst);  // the values' sum in registers (same order, same bits)
+      } else if (D == 64) {
+        weighted_sum<4>(p.data(), span, vb, vs2, inv, dst);
+      } else {
+        float acc[512];
+        std::fill(acc, acc + D, 0.0f);
+        for (int64_t jj = 0; jj < span; ++jj) {
+          if (p[jj] == 0.0f) continue;
+          const __m512 pj = _mm512_set1_ps(p[jj]);
+          const float* vr = vb + jj * vs2;
+          for (int64_t i = 0; i < D; i += 16)
+            _mm512_storeu_ps(acc + i, _mm512_fmadd_ps(pj, _mm512_loadu_ps(vr + i), _mm512_loadu_ps(acc + i)));
+        }
+        const __m512 vinv = _mm512_set1_ps(inv);
+        for (int64_t i = 0; i < D; i += 16) _mm512_storeu_ps(dst + i, _mm512_mul_ps(_mm512_loadu_ps(acc + i), vinv));
       }
-      const __m512 vinv = _mm512_set1_ps(inv);
-      for (int64_t i = 0; i < D; i += 16) _mm512_storeu_ps(dst + i, _mm512_mul_ps(_mm512_loadu_ps(acc + i), vinv));
     }
   });
   linear_raw(att.data(), T, Q, o, yp);
