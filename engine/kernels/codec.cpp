@@ -235,7 +235,7 @@ at::Tensor window_attention(const at::Tensor& q_, const at::Tensor& k_, const at
         p[w] = mi[w] ? std::exp(p[w] - mx) : 0.0f;
         sum += p[w];
       }
-      const float inv = 1.0f / sum;
+      const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;  // a query the mask shuts out entirely reads zeros
       for (int64_t d = 0; d < dv; ++d) {
         __m512 acc = _mm512_setzero_ps();
         for (int64_t w = 0; w < W; ++w)
