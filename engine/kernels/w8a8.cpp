@@ -376,23 +376,11 @@ at::Tensor qwen3_layer(const at::Tensor& x_, at::TensorList w, const at::Tensor&
       }
       const float inv = 1.0f / total;
       float* dst = att.data() + t * Q + hd * D;
-      if (D == 128) {
-        weighted_sum<8>(p.data(), span, vb, vs2, inv, dst);  // the values' sum in registers (same order, same bits)
-      } else if (D == 64) {
-        weighted_sum<4>(p.data(), span, vb, vs2, inv, dst);
-      } else {
-        float acc[512];
-        std::fill(acc, acc + D, 0.0f);
-        for (int64_t jj = 0; jj < span; ++jj) {
-          if (p[jj] == 0.0f) continue;
-          const __m512 pj = _mm512_set1_ps(p[jj]);
-          const float* vr = vb + jj * vs2;
-          for (int64_t i = 0; i < D; i += 16)
-            _mm512_storeu_ps(acc + i, _mm512_fmadd_ps(pj, _mm512_loadu_ps(vr + i), _mm512_loadu_ps(acc + i)));
-        }
-        const __m512 vinv = _mm512_set1_ps(inv);
-        for (int64_t i = 0; i < D; i += 16) _mm512_storeu_ps(dst + i, _mm512_mul_ps(_mm512_loadu_ps(acc + i), vinv));
-      }
+      // the values' sum in registers, 128 (else 32) columns at a time; each column sums j in order (same bits)
+      if (D % 128 == 0)
+        for (int64_t d0 = 0; d0 < D; d0 += 128) weighted_sum<8>(p.data(), span, vb + d0, vs2, inv, dst + d0);
+      else
+        for (int64_t d0 = 0; d0 < D; d0 += 32) weighted_sum<2>(p.data(), span, vb + d0, vs2, inv, dst + d0);
     }
   });
   linear_raw(att.data(), T, Q, o, yp);
