@@ -14,7 +14,7 @@ from leapvox.models.catalog import default_model
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 # engine.quant.WEIGHT_FORMATS, torch-free here (a test checks they agree)
-WEIGHT_FORMATS = ("fp32", "bf16", "int8", "w8a8", "int4")
+WEIGHT_FORMATS = ("fp32", "bf16", "int8", "w8a8", "w4a8", "int4")
 WEIGHT_CHOICES = ("auto", *WEIGHT_FORMATS)
 # --weights default: auto = w8a8 where torch's quantized kernels run, else int8 (engine.quant.resolve_weights): the
 # fastest on the CPUs measured, fidelity measured (tests/benchmarks/README.md)
@@ -77,8 +77,9 @@ def model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--weights", choices=WEIGHT_CHOICES, default=DEFAULT_WEIGHTS,
         help="weight format of the talker and code predictor: fp32, bf16, int8 (8-bit weights, bf16 activations), "
-        "w8a8 (8-bit weights and activations, integer products), int4 (4-bit weights in groups of 64, bf16 "
-        "activations: the fastest, the least faithful), or auto: w8a8 where torch's quantized kernels run, else int8 "
+        "w8a8 (8-bit weights and activations, integer products), w4a8 (4-bit weights in groups of 64, 8-bit "
+        "activations, leapvox's compiled AVX-512 kernel only: the fastest, less faithful), int4 (4-bit weights, "
+        "bf16 activations, torch's kernel), or auto: w8a8 where torch's quantized kernels run, else int8 "
         f"(default {DEFAULT_WEIGHTS})",
     )
     p.add_argument("--dtype", dest="weights", choices=["fp32", "bf16"], help=argparse.SUPPRESS)  # old name

@@ -86,14 +86,14 @@ def _probe_step(fmt: str, x, w):
     if fmt in DTYPES:
         xd, wd = x.to(DTYPES[fmt]), w.to(DTYPES[fmt])
         return lambda: F.linear(xd, wd)
-    if fmt in ("int8", "w8a8", "int4"):  # the layer `--weights fmt` puts in the model, on the activations it passes it
+    if fmt in ("int8", "w8a8", "w4a8", "int4"):  # the layer `--weights fmt` puts in the model, on its activations
         from torch import nn
 
         from leapvox.engine.quant import quantized_linear
 
         linear = nn.Linear(w.shape[1], w.shape[0], bias=False)
         linear.weight.data = w
-        layer = quantized_linear(linear, fmt)
+        layer = quantized_linear(linear, fmt, "gate_proj")  # a decoder-layer product (w4a8 puts those in 4 bits)
         return lambda: layer(x)
     return None
 

@@ -1,6 +1,7 @@
 """Low-bit weights for the CPU: the talker's and predictor's linears as `int8` (W8A16, below), `w8a8` (the same
 8-bit weights with 8-bit dynamic activations through leapvox's compiled kernel or else torch's quantized-linear
-kernels: W8A8Linear, fused q/k/v and gate/up, a Hadamard-rotated down-projection input) or `int4` (Int4Linear);
+kernels: W8A8Linear, fused q/k/v and gate/up, a Hadamard-rotated down-projection input), `w4a8` (4-bit weights in
+groups of 64 with 8-bit activations, leapvox's kernel only: W4A8Linear) or `int4` (Int4Linear, torch's kernel);
 `auto` resolves to w8a8 where it runs.
 Routes and fidelity measured: tests/benchmarks/README.md and engine/README.md.
 
@@ -50,14 +51,17 @@ from torch import nn
 from . import kernels
 from .memory import return_freed_memory
 
-WEIGHT_FORMATS = ("fp32", "bf16", "int8", "w8a8", "int4")
-QUANT_FORMATS = ("int8", "w8a8", "int4")  # the formats quantize_model converts (fp32 / bf16 are load dtypes)
+WEIGHT_FORMATS = ("fp32", "bf16", "int8", "w8a8", "w4a8", "int4")
+QUANT_FORMATS = ("int8", "w8a8", "w4a8", "int4")  # the formats quantize_model converts (fp32 / bf16 are load dtypes)
 INT4_GROUP = 64  # int4: one scale and zero per this many input features of an output feature
 # w8a8 rotates the inputs of these layers before their 8-bit rounding: the MLP down-projection's input,
 # silu(gate) * up, is heavy-tailed, and one 8-bit scale per row costs it most of the fidelity (tests/benchmarks/
 # README.md, "w8a8"). The rotation is a Hadamard matrix per block of ROTATION_BLOCK features (or of the largest power
 # of two >= MIN_ROTATION_BLOCK dividing the layer's width); a narrower or odd width keeps 16-bit activations.
 ROTATED_LAYERS = ("down_proj",)
+# w4a8 puts these (a decoder layer's products) in 4 bits; the predictor's LM heads and input projection keep w8a8:
+# a frame reads one 2 MB head per code against 79 MB of layers, and the heads pick the codes directly
+W4_LAYERS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 ROTATION_BLOCK, MIN_ROTATION_BLOCK = 256, 16
 DEQUANT_ROWS = 16  # above this many rows, dequantize-then-matmul beats the int8pack kernel (table above)
 ACT_DTYPE = torch.bfloat16  # the kernel's activation dtype (it is slow with fp32 activations)
@@ -214,6 +218,76 @@ class W8A8Linear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.has_bias}"
 
 
+class W4A8Linear(W8A8Linear):
+    """A linear layer over 4-bit weights in groups of GROUP4 = 64 input features (asymmetric: an fp16 scale and min per
+    group and output feature, W ~ code * scale + min with code in 0..15) whose activations are quantized to 8 bits per
+    row and group of 64 on each call and multiplied in integers by leapvox's AVX-512 VNNI kernel (engine.kernels,
+    `w4a8_linear`; there is no torch fallback: the format is offered only where the kernel is built). Half the bytes of
+    w8a8 per weight plus 1/16 for the scales; like w8a8, the down projection's input is Hadamard-rotated
+    (`from_linear(rotate=...)`). It subclasses W8A8Linear for the rotation, forward and fusion code; `wpack`,
+    `wscale` and `wsum` hold the nibbles, the fp16 scales and mins, and an empty [N, 0] tensor (qwen3_layer's slots)."""
+
+    def __init__(self, codes: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor,
+                 bias: torch.Tensor | None = None, rotation: torch.Tensor | None = None):
+        nn.Module.__init__(self)
+        self.out_features, self.in_features = codes.shape
+        self.has_bias = bias is not None
+        self.op = kernels.w4a8_op()
+        if self.op is None:
+            raise ValueError(f"the w4a8 format needs leapvox's compiled kernel: {kernels.unavailable_reason()}")
+        self.packed = None
+        nibbles, sm = kernels.pack4(codes, scales, mins)
+        self.register_buffer("wpack", nibbles)
+        self.register_buffer("wscale", sm)
+        self.register_buffer("wsum", torch.empty((self.out_features, 0), dtype=torch.int32))
+        self.register_buffer("wbias", None if bias is None else bias.detach().float().clone())
+        self.register_buffer("rotation", rotation)
+        self.split_sizes = [self.out_features]
+
+    @staticmethod
+    def fits(linear: nn.Linear) -> bool:
+        return linear.in_features % kernels.GROUP4 == 0
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear, rotate: int = 0) -> W4A8Linear:
+        w, rotation = linear.weight.detach().float(), None
+        if rotate:
+            rotation = hadamard(rotate)
+            w = (w.reshape(-1, rotate) @ rotation.T).reshape(w.shape)  # W R^T per block
+        return cls(*kernels.quantize4(w), linear.bias, rotation)
+
+    def product(self) -> Callable[[torch.Tensor], torch.Tensor]:
+        op, w, sm, n, b = self.op, self.wpack, self.wscale, self.out_features, self.wbias
+        return lambda x: op(x, w, sm, n, b)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shape = x.shape
+        x2 = x.reshape(-1, shape[-1]).float()
+        if self.rotation is not None:
+            x2 = (x2.reshape(-1, self.rotation.shape[0]) @ self.rotation).reshape(-1, shape[-1])  # R x per block
+        y = self.op(x2.contiguous(), self.wpack, self.wscale, self.out_features, self.wbias)
+        return y.to(x.dtype).reshape(*shape[:-1], self.out_features)
+
+    def unpacked(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(codes uint8 [N, K], scales fp16 [N, K/64], mins fp16 [N, K/64])."""
+        return kernels.unpack4(self.wpack, self.wscale, self.out_features)
+
+    @property
+    def codes(self) -> torch.Tensor:
+        return self.unpacked()[0]
+
+    @property
+    def scales(self) -> torch.Tensor:
+        return self.unpacked()[1]
+
+    @property
+    def weight(self) -> torch.Tensor:
+        w = kernels.dequantize4(*self.unpacked())
+        if self.rotation is None:
+            return w
+        return (w.reshape(-1, self.rotation.shape[0]) @ self.rotation).reshape(w.shape)
+
+
 @functools.cache
 def hadamard(n: int) -> torch.Tensor:
     """The n x n orthonormal Hadamard matrix (Sylvester's construction; n a power of two), fp32. It is symmetric
@@ -296,7 +370,10 @@ class FusedPart(nn.Module):
 
 
 def _fused(parts: list[W8A8Linear]) -> W8A8Linear:
-    fused = W8A8Linear(torch.cat([p.codes for p in parts]), torch.cat([p.scales for p in parts]))
+    if all(isinstance(p, W4A8Linear) for p in parts):  # per output row quantized: concatenating changes nothing
+        fused = W4A8Linear(*(torch.cat(ts) for ts in zip(*(p.unpacked() for p in parts), strict=True)))
+    else:
+        fused = W8A8Linear(torch.cat([p.codes for p in parts]), torch.cat([p.scales for p in parts]))
     fused.split_sizes = [p.out_features for p in parts]
     return fused
 
@@ -319,6 +396,8 @@ def fuse_layers(layers) -> int:
                                           (layer.mlp, ("gate_proj", "up_proj"), "gate_up_proj")):
             parts = [getattr(parent, name) for name in names]
             if not all(isinstance(p, W8A8Linear) and p.rotation is None and not p.has_bias for p in parts):
+                continue
+            if len({type(p) for p in parts}) != 1:
                 continue
             fused = _fused(parts)
             setattr(parent, fused_name, fused)
@@ -384,6 +463,13 @@ def w8a8_unavailable_reason() -> str | None:
 _W8A8_REASON: str | None = None
 
 
+def w4a8_unavailable_reason() -> str | None:
+    """None when leapvox's compiled kernel (which w4a8 needs: there is no torch route) runs here, else why not."""
+    if kernels.w4a8_op() is None:
+        return f"it needs leapvox's compiled CPU kernel, which is unavailable: {kernels.unavailable_reason()}"
+    return None
+
+
 def rotation_block(width: int) -> int:
     """The Hadamard block size for a rotated layer of `width` input features, or 0 when none fits."""
     block = ROTATION_BLOCK
@@ -399,12 +485,13 @@ def quantized_linear(linear: nn.Linear, weights: str, name: str = "") -> nn.Modu
         return Int8Linear.from_linear(linear)
     if weights == "int4":  # a shape the int4 kernel cannot take keeps 8 bits
         return Int4Linear.from_linear(linear) if Int4Linear.fits(linear) else Int8Linear.from_linear(linear)
-    if weights != "w8a8":
+    if weights not in ("w8a8", "w4a8"):
         raise ValueError(f"not a quantized weight format: {weights!r}")
+    cls = W4A8Linear if weights == "w4a8" and name in W4_LAYERS and W4A8Linear.fits(linear) else W8A8Linear
     if name not in ROTATED_LAYERS:
-        return W8A8Linear.from_linear(linear)
+        return cls.from_linear(linear)
     block = rotation_block(linear.in_features)
-    return W8A8Linear.from_linear(linear, rotate=block) if block else Int8Linear.from_linear(linear)
+    return cls.from_linear(linear, rotate=block) if block else Int8Linear.from_linear(linear)
 
 
 def quantizable_linears(tts) -> list[tuple[nn.Module, str, nn.Linear]]:
@@ -438,6 +525,8 @@ def quantize_model(tts, weights: str = "int8") -> dict:
         return summary
     if weights == "w8a8" and (why := w8a8_unavailable_reason()):
         raise ValueError(f"the w8a8 format does not run here: {why}; use --weights int8")
+    if weights == "w4a8" and (why := w4a8_unavailable_reason()):
+        raise ValueError(f"the w4a8 format does not run here: {why}; use --weights w8a8 or int4")
 
     # (parent, name) only: holding the linears until the end would keep every source weight alive (memory-mapped
     # from the checkpoint) until all are converted; dropped one by one, the peak is the int8 model plus one layer
@@ -455,7 +544,7 @@ def quantize_model(tts, weights: str = "int8") -> dict:
         if summary["bytes_before"] - trimmed >= TRIM_BYTES:
             trimmed = summary["bytes_before"]
             return_freed_memory()
-    if weights == "w8a8":
+    if weights in ("w8a8", "w4a8"):
         summary["fused"] = fuse_projections(tts)
     return_freed_memory()
     return summary
@@ -471,6 +560,8 @@ def linear_weight_bytes(module: nn.Module) -> int:
     for m in module.modules():
         if isinstance(m, Int8Linear):
             total += m.codes.numel() + m.scales.numel() * m.scales.element_size()
+        elif isinstance(m, W4A8Linear):
+            total += m.wpack.numel() + m.wscale.numel() * 2
         elif isinstance(m, W8A8Linear):
             total += m.in_features * m.out_features + 4 * m.out_features
         elif isinstance(m, Int4Linear):

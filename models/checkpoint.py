@@ -52,7 +52,7 @@ class LoadedModel:
     tokenizer: TextTokenizer
     defaults: SynthesisOptions
     sample_rate: int
-    weights: str = "fp32"  # weight format: fp32, bf16, int8 or w8a8 (engine.quant)
+    weights: str = "fp32"  # weight format: fp32, bf16, int8, w8a8, w4a8 or int4 (engine.quant)
     plan: DraftPlan = field(default_factory=DraftPlan)  # spec mode's draft tree and trained offsets
     backend: object = None  # None = torch (engine.backend.TorchBackend); a coreml_runtime.CoreMLBackend for ane
 
@@ -259,7 +259,7 @@ def weight_formats() -> list[str]:
 def load_checkpoint(path: str | Path, weights: str = "fp32", device: str = "cpu") -> LoadedModel:
     """Load config, weights, text tokenizer, codec decoder and spec assets from a checkpoint folder.
 
-    `weights` is a weight format: fp32, bf16, int8 or w8a8 (the talker's and predictor's linears quantized to 8 bits
+    `weights` is a weight format: fp32, bf16, int8, w8a8, w4a8 or int4 (the talker's and predictor's linears quantized
     from the file's weights, fp32 for the rest; engine.quant), or auto (engine.quant.resolve_weights). The model
     runs on the torch engine; for a ready model
     by name with a backend, use models.load.load_model."""

@@ -11,7 +11,7 @@ from leapvox.engine import kernels
 from leapvox.engine.code_predictor import CodePredictor
 from leapvox.engine.config import CodePredictorConfig
 from leapvox.engine.predictor import PredictorLoop, loop_for, predict_codes, predict_codes_reference
-from leapvox.engine.quant import fuse_layers, quantized_linear, w8a8_unavailable_reason
+from leapvox.engine.quant import fuse_layers, quantized_linear, w4a8_unavailable_reason, w8a8_unavailable_reason
 from leapvox.engine.sampling import SamplingParams
 
 CFG = CodePredictorConfig(
@@ -29,10 +29,11 @@ CFG_FUSED = dataclasses.replace(CFG, head_dim=32)
 
 def predictor(weights: str, talker_hidden: int = 48, seed: int = 0) -> CodePredictor:
     """A random predictor (talker_hidden != hidden: with the 1.7B input projection) in `weights` format
-    ("w8a8-fused": w8a8 at head_dim 32, whose layers run as one compiled call each where the kernel is built)."""
+    ("w8a8-fused": w8a8 at head_dim 32, whose layers run as one compiled call each where the kernel is built;
+    "w4a8-fused": the same in w4a8, whose down projection (96 input features, not a multiple of 64) keeps w8a8)."""
     torch.manual_seed(seed)
-    fused = weights == "w8a8-fused"
-    weights = "w8a8" if fused else weights
+    fused = weights.endswith("-fused")
+    weights = weights.removesuffix("-fused")
     if fused and kernels.layer_op() is None:
         pytest.skip(f"the compiled w8a8 kernel is not available here ({kernels.unavailable_reason()})")
     cp = CodePredictor(CFG_FUSED if fused else CFG, talker_hidden).eval()
@@ -46,12 +47,14 @@ def predictor(weights: str, talker_hidden: int = 48, seed: int = 0) -> CodePredi
         cp = cp.to(torch.bfloat16)
     if weights == "w8a8" and w8a8_unavailable_reason():
         pytest.skip(f"w8a8 does not run here: {w8a8_unavailable_reason()}")
-    if weights in ("int8", "w8a8"):
+    if weights == "w4a8" and w4a8_unavailable_reason():
+        pytest.skip(f"w4a8 does not run here: {w4a8_unavailable_reason()}")
+    if weights in ("int8", "w8a8", "w4a8"):
         for parent in list(cp.modules()):
             for name, child in list(parent.named_children()):
                 if isinstance(child, torch.nn.Linear):
                     setattr(parent, name, quantized_linear(child, weights, name))
-        if weights == "w8a8":  # as the loader does: q/k/v and gate/up fused into one product each
+        if weights in ("w8a8", "w4a8"):  # as the loader does: q/k/v and gate/up fused into one product each
             assert fuse_layers(cp.model.layers) == 2 * len(cp.model.layers)
     cp.model.setup_cache(CFG.num_code_groups)
     if fused:
@@ -59,7 +62,7 @@ def predictor(weights: str, talker_hidden: int = 48, seed: int = 0) -> CodePredi
     return cp
 
 
-@pytest.mark.parametrize("weights", ["fp32", "bf16", "int8", "w8a8", "w8a8-fused"])
+@pytest.mark.parametrize("weights", ["fp32", "bf16", "int8", "w8a8", "w8a8-fused", "w4a8-fused"])
 @pytest.mark.parametrize("split", [False, True])
 def test_fast_loop_equals_module_loop(weights, split):
     cp = predictor(weights)
@@ -82,7 +85,7 @@ def test_fast_loop_equals_module_loop(weights, split):
                 assert torch.equal(loop.hidden(rows[0], 0), hidden_ref)  # bit for bit, not just the same codes
 
 
-@pytest.mark.parametrize("weights", ["fp32", "bf16", "int8", "w8a8", "w8a8-fused"])
+@pytest.mark.parametrize("weights", ["fp32", "bf16", "int8", "w8a8", "w8a8-fused", "w4a8-fused"])
 def test_verify_rows_equal_the_module_path_and_commit_moves_rows(weights):
     """spec's verify call on the hot loop (tree mask, depth positions) = DecoderStack.forward with the same mask and
     positions (bit for bit but for fp32's split products); commit() copies accepted rows into place."""
@@ -163,3 +166,16 @@ def test_w8a8_predictor_really_rotates_the_down_projection():
     downs = [layer.mlp.down_proj for layer in cp.model.layers]
     assert all(d.rotation is not None and d.rotation.shape == (32, 32) for d in downs)
     assert all(layer.self_attn.qkv_proj.rotation is None for layer in cp.model.layers)
+
+
+def test_w4a8_predictor_mixes_4_and_8_bit_products_in_one_fused_layer():
+    """w4a8 puts a layer's products in 4 bits where the input width is a multiple of 64 and keeps w8a8 elsewhere (the
+    down projection here, 96 wide); the heads stay w8a8. The equality tests above run such mixed layers."""
+    from leapvox.engine.quant import W4A8Linear, W8A8Linear
+
+    cp = predictor("w4a8-fused")
+    for layer in cp.model.layers:
+        assert isinstance(layer.self_attn.qkv_proj, W4A8Linear) and isinstance(layer.mlp.gate_up_proj, W4A8Linear)
+        assert isinstance(layer.self_attn.o_proj, W4A8Linear)
+        assert type(layer.mlp.down_proj) is W8A8Linear and layer.mlp.down_proj.rotation is not None
+    assert all(type(h) is W8A8Linear for h in cp.lm_head)

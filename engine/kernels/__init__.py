@@ -128,6 +128,63 @@ def unpack(packed: torch.Tensor, n: int, k: int) -> torch.Tensor:
     return packed.permute(0, 2, 1, 3).reshape(blocks * COLS, groups * K_GROUP)[:n, :k].contiguous()
 
 
+GROUP4 = 64  # w4a8: input features per weight scale and min, and per activation scale
+
+
+def quantize4(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """W [N, K] (K % GROUP4 == 0) -> (codes uint8 [N, K] in 0..15, scales fp16 [N, K/64], mins fp16 [N, K/64]) with
+    W ~ codes * scale + min per group of 64 input features (asymmetric over the group's range). Scale and min are
+    rounded to fp16 first and the codes computed against the rounded pair, so the kernel uses exactly those."""
+    n, k = w.shape
+    groups = w.detach().to(torch.float32, copy=True).view(n, k // GROUP4, GROUP4)  # a copy: a view of a weight
+    # made outside inference mode cannot be reshaped inside it (the doctor's probe builds layers in inference mode)
+    lo, hi = groups.amin(-1), groups.amax(-1)
+    scale = ((hi - lo) / 15).clamp_min(1e-8).half()
+    low = lo.half()
+    codes = torch.round((groups - low.float()[..., None]) / scale.float()[..., None]).clamp_(0, 15)
+    return codes.to(torch.uint8).reshape(n, k), scale, low
+
+
+def dequantize4(codes: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor) -> torch.Tensor:
+    """The fp32 weight [N, K] that w4a8 codes, scales and mins stand for."""
+    n, k = codes.shape
+    w = codes.float().reshape(n, k // GROUP4, GROUP4) * scales.float()[..., None] + mins.float()[..., None]
+    return w.reshape(n, k)
+
+
+def pack4(codes: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """quantize4's output -> the kernel's layout: nibbles uint8 [ceil(N/64), K/8, 64, 4] (per block of 64 output rows,
+    per 8 input features, byte i of each row holds feature i in its low nibble and feature 4 + i in its high one) and
+    scales/mins fp16 [ceil(N/64), K/64, 2, 64]; padded rows are zero."""
+    n, k = codes.shape
+    np_ = -(-n // COLS) * COLS
+    c = F.pad(codes, (0, 0, 0, np_ - n)).view(np_ // COLS, COLS, k // 8, 2, 4)
+    nibbles = (c[:, :, :, 0] | (c[:, :, :, 1] << 4)).permute(0, 2, 1, 3).contiguous()
+    sm = torch.stack([F.pad(t, (0, 0, 0, np_ - n)) for t in (scales, mins)], dim=1)  # [Np, 2, G]
+    sm = sm.view(np_ // COLS, COLS, 2, k // GROUP4).permute(0, 3, 2, 1).contiguous()
+    return nibbles, sm
+
+
+def unpack4(nibbles: torch.Tensor, sm: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """pack4's inverse: (codes [N, K], scales [N, K/64], mins [N, K/64])."""
+    blocks, octets = nibbles.shape[:2]
+    c = torch.stack([nibbles & 15, nibbles >> 4], dim=3)  # [B, K/8, 64, 2, 4]
+    codes = c.permute(0, 2, 1, 3, 4).reshape(blocks * COLS, octets * 8)[:n].contiguous()
+    t = sm.permute(0, 3, 2, 1).reshape(blocks * COLS, 2, -1)[:n]  # [N, 2, G]
+    return codes, t[:, 0].contiguous(), t[:, 1].contiguous()
+
+
+def w4a8_reference(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor) -> torch.Tensor:
+    """The w4a8 kernel's arithmetic in float64: x [M, K] quantized per row and group of 64 (symmetric, 8 bits)."""
+    m, k = x.shape
+    xg = x.double().reshape(m, k // GROUP4, GROUP4)
+    sx = (xg.abs().amax(-1).float() / 127).double()
+    sx = torch.where(sx > 0, sx, torch.ones_like(sx))
+    qx = torch.round(xg.float() * (1 / sx.float())[..., None]).clamp(-127, 127).double()  # as the kernel rounds
+    dot = torch.einsum("mgi,ngi->mng", qx, codes.double().reshape(-1, k // GROUP4, GROUP4))
+    return (sx[:, None] * (scales.double()[None] * dot + mins.double()[None] * qx.sum(-1)[:, None])).sum(-1)
+
+
 def _self_check(op: Callable) -> str | None:
     """Compare the kernel with the same arithmetic in float64 on odd shapes; None when it agrees."""
     g = torch.Generator().manual_seed(0)
@@ -174,6 +231,12 @@ def _op(name: str) -> Callable | None:
 def layer_op() -> Callable | None:
     """qwen3_layer: one w8a8 decoder layer in C++ (engine/fused.py), or None."""
     return _op("qwen3_layer")
+
+
+def w4a8_op() -> Callable | None:
+    """w4a8_linear(x fp32 [M, K], nibbles, scales/mins fp16 (pack4), N, bias fp32 [N] or None) -> fp32 [M, N], or
+    None where the library is unavailable."""
+    return _op("w4a8_linear")
 
 
 def snake_op() -> Callable | None:

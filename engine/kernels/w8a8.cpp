@@ -25,6 +25,10 @@ namespace {
 
 constexpr int64_t kCols = 64;   // output columns per packed block (4 vectors of 16 int32 sums)
 constexpr int64_t kXBlock = 4;  // activation rows per pass over a block (more rows: another pass, from cache)
+#ifndef LEAPVOX_PF8
+#define LEAPVOX_PF8 4096
+#endif
+constexpr int64_t kPrefetch8 = LEAPVOX_PF8;  // bytes ahead in the weight stream (0: none); 4096 measured best
 
 // x row [K] -> u8 codes [K], scale, zero point (asymmetric over [min(x, 0), max(x, 0)], round half to even)
 void quantize_row(const float* x, int64_t K, uint8_t* q, float* scale, int32_t* zero) {
@@ -74,6 +78,8 @@ inline void block_rows(const int8_t* wb, const uint8_t* qx, int64_t Kp, int64_t 
   const int64_t quads = Kp / 4;
   for (int64_t q = 0; q < quads; ++q) {
     const int8_t* wq = wb + q * 256;
+    if (kPrefetch8)
+      for (int j = 0; j < 4; ++j) _mm_prefetch(reinterpret_cast<const char*>(wq + 64 * j + kPrefetch8), _MM_HINT_T0);
     const __m512i w0 = _mm512_loadu_si512(wq), w1 = _mm512_loadu_si512(wq + 64);
     const __m512i w2 = _mm512_loadu_si512(wq + 128), w3 = _mm512_loadu_si512(wq + 192);
     for (int m = 0; m < MB; ++m) {
@@ -115,17 +121,141 @@ inline void block_all_rows(const int8_t* wb, const uint8_t* qx, int64_t M, int64
   }
 }
 
-// A packed w8a8 weight: codes [N/64][K/4][64][4], per-row scales, row sums of the codes, optional bias.
+// ---- w4a8: 4-bit weights in groups of 64 input features, 8-bit activations per group of 64 --------------------
+//
+// w[n, k] ~ s[n, g] * u[n, k] + m[n, g] with u in 0..15 (g = k / 64; s, m stored fp16), x[k] ~ sx[g] * qx[k] with qx
+// signed 8 bits (symmetric per row and group). Per group: sum_k w x = sx[g] * (s * sum u qx + m * sum qx), where
+// sum u qx is exact in int32 (vpdpbusd: the weights' nibbles as the unsigned operand, x's codes as the signed one).
+// Packed per block of 64 output rows as [K/8][64][4] bytes: byte (c, i) of octet o holds u[c, 8o + i] in its low
+// nibble and u[c, 8o + 4 + i] in its high one, so one 64-byte load covers 16 columns x 8 features; scales and mins
+// [K/64][2][64] fp16 per block.
+constexpr int64_t kGroup4 = 64;
+#ifndef LEAPVOX_PF4
+#define LEAPVOX_PF4 4096
+#endif
+constexpr int64_t kPrefetch4 = LEAPVOX_PF4;  // bytes ahead in the nibble stream; 4096 measured best
+
+// x row [K] (K % 64 == 0) -> s8 codes [K], per-group scales sx [K/64] and code sums xs [K/64]
+void quantize_row_groups(const float* x, int64_t K, int8_t* q, float* sx, int32_t* xs) {
+  for (int64_t g = 0; g < K / kGroup4; ++g) {
+    const float* xg = x + g * kGroup4;
+    __m512 a = _mm512_setzero_ps();
+    for (int i = 0; i < 4; ++i) a = _mm512_max_ps(a, _mm512_abs_ps(_mm512_loadu_ps(xg + 16 * i)));
+    float s = _mm512_reduce_max_ps(a) / 127.0f;
+    if (!(s > 0.0f) || !std::isfinite(s)) s = 1.0f;
+    const __m512 vinv = _mm512_set1_ps(1.0f / s);
+    const __m512i lo = _mm512_set1_epi32(-127), hi = _mm512_set1_epi32(127);
+    __m512i sum = _mm512_setzero_si512();
+    for (int i = 0; i < 4; ++i) {
+      __m512i r = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(xg + 16 * i), vinv));  // nearest, ties to even
+      r = _mm512_min_epi32(_mm512_max_epi32(r, lo), hi);
+      sum = _mm512_add_epi32(sum, r);
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(q + g * kGroup4 + 16 * i), _mm512_cvtepi32_epi8(r));
+    }
+    sx[g] = s;
+    xs[g] = _mm512_reduce_add_epi32(sum);
+  }
+}
+
+// One block of 64 output columns against MB activation rows (w4a8). Each group's integer sums are scaled into fp32
+// outputs at the group's end, in group order.
+template <int MB>
+inline void block_rows4(const uint8_t* wb, const uint16_t* sm, const int8_t* qx, const float* sx, const int32_t* xs,
+                        int64_t K, int64_t m0, int64_t n0, int64_t N, const float* bias, float* y) {
+  const int64_t G = K / kGroup4;
+  const __m512i nib = _mm512_set1_epi8(0x0F);
+  __m512 out[MB][4];
+  for (int m = 0; m < MB; ++m)
+    for (int j = 0; j < 4; ++j) out[m][j] = _mm512_setzero_ps();
+  for (int64_t g = 0; g < G; ++g) {
+    __m512i acc[MB][4];
+    for (int m = 0; m < MB; ++m)
+      for (int j = 0; j < 4; ++j) acc[m][j] = _mm512_setzero_si512();
+    const uint8_t* wg = wb + g * (kGroup4 / 8) * 256;
+    for (int64_t o = 0; o < kGroup4 / 8; ++o) {
+      const uint8_t* wo = wg + o * 256;
+      __m512i wl[4], wh[4];
+      for (int j = 0; j < 4; ++j) {
+        _mm_prefetch(reinterpret_cast<const char*>(wo + 64 * j + kPrefetch4), _MM_HINT_T0);
+        const __m512i v = _mm512_loadu_si512(wo + 64 * j);
+        wl[j] = _mm512_and_si512(v, nib);
+        wh[j] = _mm512_and_si512(_mm512_srli_epi16(v, 4), nib);
+      }
+      for (int m = 0; m < MB; ++m) {
+        int32_t lo4, hi4;
+        const int8_t* xq = qx + (m0 + m) * K + g * kGroup4 + 8 * o;
+        std::memcpy(&lo4, xq, 4);
+        std::memcpy(&hi4, xq + 4, 4);
+        const __m512i xl = _mm512_set1_epi32(lo4), xh = _mm512_set1_epi32(hi4);
+        for (int j = 0; j < 4; ++j) {
+          acc[m][j] = _mm512_dpbusd_epi32(acc[m][j], wl[j], xl);
+          acc[m][j] = _mm512_dpbusd_epi32(acc[m][j], wh[j], xh);
+        }
+      }
+    }
+    const uint16_t* smg = sm + g * 128;
+    for (int j = 0; j < 4; ++j) {
+      const __m512 vs = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(smg + 16 * j)));
+      const __m512 vm = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(smg + 64 + 16 * j)));
+      for (int m = 0; m < MB; ++m) {
+        const float sg = sx[(m0 + m) * G + g];
+        const __m512 t = _mm512_fmadd_ps(vm, _mm512_set1_ps(sg * static_cast<float>(xs[(m0 + m) * G + g])), out[m][j]);
+        out[m][j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[m][j]), _mm512_mul_ps(vs, _mm512_set1_ps(sg)), t);
+      }
+    }
+  }
+  for (int j = 0; j < 4; ++j) {
+    const int64_t c0 = n0 + 16 * j;
+    if (c0 >= N) break;
+    const __mmask16 mask = (N - c0) >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << (N - c0)) - 1);
+    const __m512 vb = bias ? _mm512_maskz_loadu_ps(mask, bias + c0) : _mm512_setzero_ps();
+    for (int m = 0; m < MB; ++m) _mm512_mask_storeu_ps(y + (m0 + m) * N + c0, mask, _mm512_add_ps(out[m][j], vb));
+  }
+}
+
+inline void block_all_rows4(const uint8_t* wb, const uint16_t* sm, const int8_t* qx, const float* sx,
+                            const int32_t* xs, int64_t M, int64_t K, int64_t n0, int64_t N, const float* bias,
+                            float* y) {
+  int64_t m = 0;
+  for (; m + kXBlock <= M; m += kXBlock) block_rows4<kXBlock>(wb, sm, qx, sx, xs, K, m, n0, N, bias, y);
+  switch (M - m) {
+    case 3: block_rows4<3>(wb, sm, qx, sx, xs, K, m, n0, N, bias, y); break;
+    case 2: block_rows4<2>(wb, sm, qx, sx, xs, K, m, n0, N, bias, y); break;
+    case 1: block_rows4<1>(wb, sm, qx, sx, xs, K, m, n0, N, bias, y); break;
+    default: break;
+  }
+}
+
+// A packed weight. w8a8 (bits 8): codes [N/64][K/4][64][4], per-row scales, row sums of the codes. w4a8 (bits 4):
+// nibbles [N/64][K/8][64][4] (w4), fp16 scales and mins [N/64][K/64][2][64] (sm). Optional bias either way.
 struct Packed {
   const int8_t* w;
   const float* scale;
   const int32_t* sum;
   const float* bias;
   int64_t N, Kp, blocks;
+  int bits = 8;
+  const uint8_t* w4 = nullptr;
+  const uint16_t* sm = nullptr;
 };
+
+void linear_raw4(const float* xp, int64_t M, int64_t K, const Packed& p, float* yp) {
+  const int64_t G = K / kGroup4;
+  std::vector<int8_t> qx(static_cast<size_t>(M * K));
+  std::vector<float> sx(M * G);
+  std::vector<int32_t> xs(M * G);
+  for (int64_t m = 0; m < M; ++m) quantize_row_groups(xp + m * K, K, qx.data() + m * K, &sx[m * G], &xs[m * G]);
+  const int64_t block_bytes = K * kCols / 2, block_sm = G * 2 * kCols;
+  at::parallel_for(0, p.blocks, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t blk = begin; blk < end; ++blk)
+      block_all_rows4(p.w4 + blk * block_bytes, p.sm + blk * block_sm, qx.data(), sx.data(), xs.data(), M, K,
+                      blk * kCols, p.N, p.bias, yp);
+  });
+}
 
 // y [M, N] = x [M, K] (fp32 rows, row stride K) times the packed weight: rows quantized here, blocks over threads.
 void linear_raw(const float* xp, int64_t M, int64_t K, const Packed& p, float* yp) {
+  if (p.bits == 4) return linear_raw4(xp, M, K, p, yp);
   const int64_t Kp = p.Kp;
   std::vector<uint8_t> qx(static_cast<size_t>(M * Kp), 0);  // padding multiplies zero weights
   std::vector<float> sx(M);
@@ -139,8 +269,25 @@ void linear_raw(const float* xp, int64_t M, int64_t K, const Packed& p, float* y
   });
 }
 
+// w4a8: nibbles uint8 [N/64, K/8, 64, 4] and fp16 scales/mins [N/64, K/64, 2, 64] (engine.kernels.pack4)
+Packed packed4_of(const at::Tensor& w, const at::Tensor& sm, int64_t N, const float* bias, const char* what) {
+  TORCH_CHECK(w.dim() == 4 && w.scalar_type() == at::kByte && w.is_contiguous() && w.size(2) == kCols &&
+              w.size(3) == 4, what, ": w must be packed uint8 [N/64, K/8, 64, 4] (engine.kernels.pack4)");
+  const int64_t K = w.size(1) * 8;
+  TORCH_CHECK(K % kGroup4 == 0 && sm.scalar_type() == at::kHalf && sm.is_contiguous() && sm.dim() == 4 &&
+              sm.size(0) == w.size(0) && sm.size(1) == K / kGroup4 && sm.size(2) == 2 && sm.size(3) == kCols,
+              what, ": scales/mins must be fp16 [N/64, K/64, 2, 64]");
+  TORCH_CHECK(N > 0 && (N + kCols - 1) / kCols == w.size(0), what, ": ", N, " rows for ", w.size(0), " blocks");
+  Packed p{nullptr, nullptr, nullptr, bias, N, K, w.size(0)};
+  p.bits = 4;
+  p.w4 = w.data_ptr<uint8_t>();
+  p.sm = reinterpret_cast<const uint16_t*>(sm.data_ptr<at::Half>());
+  return p;
+}
+
 Packed packed_of(const at::Tensor& w, const at::Tensor& wscale, const at::Tensor& wsum, const float* bias,
                  const char* what) {
+  if (w.scalar_type() == at::kByte) return packed4_of(w, wscale, wsum.size(0), bias, what);  // wsum: [N, 0]
   TORCH_CHECK(w.dim() == 4 && w.scalar_type() == at::kChar && w.is_contiguous() && w.size(2) == kCols &&
               w.size(3) == 4, what, ": w must be packed int8 [N/64, K/4, 64, 4] (engine.kernels.pack)");
   const int64_t N = wscale.numel();
@@ -169,6 +316,26 @@ at::Tensor w8a8_linear(const at::Tensor& x, const at::Tensor& w, const at::Tenso
   at::Tensor y = at::empty({M, p.N}, x.options());
   if (M == 0 || p.N == 0) return y;
   linear_raw(xc.data_ptr<float>(), M, K, p, y.data_ptr<float>());
+  return y;
+}
+
+// x fp32 [M, K] times a w4a8 weight (nibbles, fp16 scales/mins, N) -> fp32 [M, N]
+at::Tensor w4a8_linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& sm, int64_t N,
+                       const c10::optional<at::Tensor>& bias) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat, "w4a8_linear: x must be fp32 [M, K]");
+  const float* bptr = nullptr;
+  at::Tensor b;
+  if (bias.has_value() && bias->defined()) {
+    b = bias->contiguous();
+    TORCH_CHECK(b.scalar_type() == at::kFloat && b.numel() == N, "w4a8_linear: bias fp32 [N]");
+    bptr = b.data_ptr<float>();
+  }
+  const Packed p = packed4_of(w, sm, N, bptr, "w4a8_linear");
+  TORCH_CHECK(x.size(1) == p.Kp, "w4a8_linear: x has ", x.size(1), " features, the weight ", p.Kp);
+  const at::Tensor xc = x.contiguous();
+  at::Tensor y = at::empty({x.size(0), N}, x.options());
+  if (x.size(0) == 0) return y;
+  linear_raw4(xc.data_ptr<float>(), x.size(0), p.Kp, p, y.data_ptr<float>());
   return y;
 }
 
@@ -413,11 +580,13 @@ at::Tensor qwen3_layer(const at::Tensor& x_, at::TensorList w, const at::Tensor&
 
 TORCH_LIBRARY(leapvox_kernels, m) {
   m.def("w8a8_linear(Tensor x, Tensor w, Tensor wscale, Tensor wsum, Tensor? bias) -> Tensor");
+  m.def("w4a8_linear(Tensor x, Tensor w, Tensor sm, int n, Tensor? bias) -> Tensor");
   m.def("qwen3_layer(Tensor x, Tensor[] w, Tensor kc, Tensor vc, int slot, Tensor cos, Tensor sin, Tensor? mask, "
         "int span, int nh, int nkv, float eps, float qk_eps, int rot_block) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(leapvox_kernels, CPU, m) {
   m.impl("w8a8_linear", &w8a8_linear);
+  m.impl("w4a8_linear", &w4a8_linear);
   m.impl("qwen3_layer", &qwen3_layer);
 }
