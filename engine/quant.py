@@ -463,6 +463,13 @@ def w8a8_unavailable_reason() -> str | None:
 _W8A8_REASON: str | None = None
 
 
+def lowers_codec(weights: str) -> bool:
+    """Whether a model loaded in `weights` runs its codec's convolutions in bf16 (CodecDecoder.lower_precision): w4a8,
+    the speed-first format, does so on CPUs that multiply bf16 in hardware; every other format keeps the codec in
+    its load dtype. Fidelity of both measured in tests/benchmarks/README.md."""
+    return weights == "w4a8" and kernels.bf16_products()
+
+
 def w4a8_unavailable_reason() -> str | None:
     """None when leapvox's compiled kernel (which w4a8 needs: there is no torch route) runs here, else why not."""
     if kernels.w4a8_op() is None:

@@ -22,7 +22,7 @@ from leapvox.engine.demo_codec import DemoCodec, DemoCodecConfig
 from leapvox.engine.errors import CheckpointError
 from leapvox.engine.options import SynthesisOptions
 from leapvox.engine.prompt import ClonedVoice
-from leapvox.engine.quant import QUANT_FORMATS, WEIGHT_FORMATS, quantize_model, resolve_weights
+from leapvox.engine.quant import QUANT_FORMATS, WEIGHT_FORMATS, lowers_codec, quantize_model, resolve_weights
 from leapvox.engine.sampling import SamplingParams
 from leapvox.engine.spec import DraftPlan
 from leapvox.engine.synthesis import Synthesizer
@@ -291,6 +291,8 @@ def load_checkpoint(path: str | Path, weights: str = "fp32", device: str = "cpu"
         load_weights(tts, tensors, "", dtype)
         del tensors
     codec, sample_rate = load_codec(speech, dtype)
+    if lowers_codec(weights) and isinstance(codec, CodecDecoder):
+        codec.lower_precision()
     tts.to(device).eval()
     codec.to(device).eval()
     tokenizer = TextTokenizer(folder, frontend=text_frontend(read_json(folder / "config.json")))

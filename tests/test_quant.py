@@ -8,7 +8,9 @@ teacher-forced code agreement with fp32 was 0.96-1.0 (bf16: 0.97-1.0).
 from __future__ import annotations
 
 import copy
+from dataclasses import replace
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -233,6 +235,36 @@ def test_speak_with_w8a8_weights(tmp_path):
     args = ["speak", "Hello world.", "--model", str(FIXTURES / "tiny-0b6"), "--max-frames", "4", "--seed", "1"]
     assert main([*args, "-o", str(out), "--weights", "w8a8"]) == 0
     assert out.stat().st_size > 44
+
+
+needs_w4a8 = pytest.mark.skipif(
+    w4a8_unavailable_reason() is not None, reason=f"w4a8 does not run here: {w4a8_unavailable_reason()}"
+)
+
+
+@needs_w4a8
+@pytest.mark.parametrize("bf16_products", [True, False])
+def test_w4a8_model_is_4_bit_in_its_layers_and_lowers_the_codec_where_bf16_is_fast(monkeypatch, bf16_products):
+    from leapvox.engine import kernels
+    from leapvox.models.load import load_model
+
+    monkeypatch.setattr(kernels, "bf16_products", lambda: bf16_products)
+    m = load_model(FIXTURES / "tiny-0b6", weights="w4a8")
+    layers = [*m.tts.talker.model.layers, *m.tts.talker.code_predictor.model.layers]
+    for layer in layers:  # 4 bits where the width is a multiple of 64, else 8
+        for proj in (layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj):
+            assert isinstance(proj, W4A8Linear) == (proj.in_features % 64 == 0)
+    assert any(isinstance(p, W4A8Linear) for p in m.tts.modules())
+    assert all(type(h) is W8A8Linear for h in m.tts.talker.code_predictor.lm_head)
+    conv = dict(m.codec.named_parameters())["decoder.1.block.2.conv1.conv.weight"]
+    assert conv.dtype == (torch.bfloat16 if bf16_products else torch.float32)
+    assert dict(m.codec.named_parameters())["pre_conv.conv.weight"].dtype == torch.float32
+    ref = load_model(FIXTURES / "tiny-0b6", weights="w8a8")  # other formats keep the codec as loaded
+    assert all(p.dtype == torch.float32 for p in ref.codec.parameters())
+    synth = m.synthesizer()
+    codes, _, _ = synth.generate_codes("Hello world.", replace(m.defaults, max_frames=4))
+    wav = synth.decode(codes)
+    assert wav.dtype == np.float32 and np.isfinite(wav).all() and wav.size == 1920 * codes.shape[0] > 0
 
 
 def test_auto_weights_resolve_to_w8a8_where_its_kernels_run_else_int8(monkeypatch):

@@ -57,6 +57,13 @@ def _cpu_flags() -> set[str]:
     return set(line.split(":", 1)[-1].split())
 
 
+def bf16_products() -> bool:
+    """Whether this CPU multiplies bf16 in hardware (AVX512-BF16 or AMX-BF16, read from Linux's /proc/cpuinfo), so
+    oneDNN's bf16 convolutions beat fp32 ones (measured in tests/benchmarks/README.md); elsewhere False."""
+    flags = _cpu_flags()
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
 def _compiler() -> str | None:
     return os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++") or shutil.which("clang++")
 
