@@ -225,7 +225,8 @@ class W4A8Linear(W8A8Linear):
     `w4a8_linear`; there is no torch fallback: the format is offered only where the kernel is built). Half the bytes of
     w8a8 per weight plus 1/16 for the scales; like w8a8, the down projection's input is Hadamard-rotated
     (`from_linear(rotate=...)`). It subclasses W8A8Linear for the rotation, forward and fusion code; `wpack`,
-    `wscale` and `wsum` hold the nibbles, the fp16 scales and mins, and an empty [N, 0] tensor (qwen3_layer's slots)."""
+    `wscale` and `wsum` hold the nibbles, the fp16 scales and mins (as int16 bit patterns, so that a model's
+    `.float()` or `.to(dtype)` leaves them alone), and an empty [N, 0] tensor (qwen3_layer's slots)."""
 
     def __init__(self, codes: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor,
                  bias: torch.Tensor | None = None, rotation: torch.Tensor | None = None):
@@ -568,7 +569,7 @@ def linear_weight_bytes(module: nn.Module) -> int:
         if isinstance(m, Int8Linear):
             total += m.codes.numel() + m.scales.numel() * m.scales.element_size()
         elif isinstance(m, W4A8Linear):
-            total += m.wpack.numel() + m.wscale.numel() * 2
+            total += m.wpack.numel() + m.wscale.numel() * m.wscale.element_size()
         elif isinstance(m, W8A8Linear):
             total += m.in_features * m.out_features + 4 * m.out_features
         elif isinstance(m, Int4Linear):

@@ -178,7 +178,7 @@ def test_w4a8_kernel_rejects_a_layout_it_was_not_given(op):
     with pytest.raises(RuntimeError, match="features"):
         w4(torch.randn(1, 64), nibbles, sm, 8, None)
     with pytest.raises(RuntimeError, match="fp16"):
-        w4(torch.randn(1, 128), nibbles, sm.float(), 8, None)
+        w4(torch.randn(1, 128), nibbles, sm.view(torch.float16), 8, None)
     with pytest.raises(RuntimeError, match="blocks"):
         w4(torch.randn(1, 128), nibbles, sm, 65, None)
 
@@ -193,6 +193,10 @@ def test_w4a8_linear_is_a_4_bit_layer(op):
     assert 0.005 < ((q(x) - exact).norm() / exact.norm()).item() < 0.2  # 4 bits: a few percent off the fp32 layer
     assert torch.equal(q.weight, kernels.dequantize4(*q.unpacked()))
     assert q.wpack.numel() == 24 * 256 // 2 + 40 * 256 // 2  # rows padded to 64: 4 bits each
+    plain = W4A8Linear.from_linear(torch.nn.Linear(256, 24, bias=False))
+    before = plain(x)
+    plain.to(torch.bfloat16)  # a model-wide dtype change leaves the packed weight alone (its scales are int16 bits)
+    assert plain.wscale.dtype == torch.int16 and torch.equal(plain(x), before)
 
 
 # ---- the fused decoder layer (engine/fused.py, `qwen3_layer` in w8a8.cpp) ------------------------------------------

@@ -162,14 +162,14 @@ def dequantize4(codes: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor) -
 def pack4(codes: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """quantize4's output -> the kernel's layout: nibbles uint8 [ceil(N/64), K/8, 64, 4] (per block of 64 output rows,
     per 8 input features, byte i of each row holds feature i in its low nibble and feature 4 + i in its high one) and
-    scales/mins fp16 [ceil(N/64), K/64, 2, 64]; padded rows are zero."""
+    scales/mins [ceil(N/64), K/64, 2, 64] as fp16 bit patterns in int16; padded rows are zero."""
     n, k = codes.shape
     np_ = -(-n // COLS) * COLS
     c = F.pad(codes, (0, 0, 0, np_ - n)).view(np_ // COLS, COLS, k // 8, 2, 4)
     nibbles = (c[:, :, :, 0] | (c[:, :, :, 1] << 4)).permute(0, 2, 1, 3).contiguous()
-    sm = torch.stack([F.pad(t, (0, 0, 0, np_ - n)) for t in (scales, mins)], dim=1)  # [Np, 2, G]
+    sm = torch.stack([F.pad(t.half(), (0, 0, 0, np_ - n)) for t in (scales, mins)], dim=1)  # [Np, 2, G]
     sm = sm.view(np_ // COLS, COLS, 2, k // GROUP4).permute(0, 3, 2, 1).contiguous()
-    return nibbles, sm
+    return nibbles, sm.view(torch.int16)  # fp16 bits in an integer tensor: Module.to(dtype) leaves it alone
 
 
 def unpack4(nibbles: torch.Tensor, sm: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -177,7 +177,7 @@ def unpack4(nibbles: torch.Tensor, sm: torch.Tensor, n: int) -> tuple[torch.Tens
     blocks, octets = nibbles.shape[:2]
     c = torch.stack([nibbles & 15, nibbles >> 4], dim=3)  # [B, K/8, 64, 2, 4]
     codes = c.permute(0, 2, 1, 3, 4).reshape(blocks * COLS, octets * 8)[:n].contiguous()
-    t = sm.permute(0, 3, 2, 1).reshape(blocks * COLS, 2, -1)[:n]  # [N, 2, G]
+    t = sm.view(torch.float16).permute(0, 3, 2, 1).reshape(blocks * COLS, 2, -1)[:n]  # [N, 2, G]
     return codes, t[:, 0].contiguous(), t[:, 1].contiguous()
 
 
@@ -241,7 +241,7 @@ def layer_op() -> Callable | None:
 
 
 def w4a8_op() -> Callable | None:
-    """w4a8_linear(x fp32 [M, K], nibbles, scales/mins fp16 (pack4), N, bias fp32 [N] or None) -> fp32 [M, N], or
+    """w4a8_linear(x fp32 [M, K], nibbles, scales/mins (pack4), N, bias fp32 [N] or None) -> fp32 [M, N], or
     None where the library is unavailable."""
     return _op("w4a8_linear")
 

@@ -269,19 +269,19 @@ void linear_raw(const float* xp, int64_t M, int64_t K, const Packed& p, float* y
   });
 }
 
-// w4a8: nibbles uint8 [N/64, K/8, 64, 4] and fp16 scales/mins [N/64, K/64, 2, 64] (engine.kernels.pack4)
+// w4a8: nibbles uint8 [N/64, K/8, 64, 4] and scales/mins [N/64, K/64, 2, 64], fp16 bits in int16 (kernels.pack4)
 Packed packed4_of(const at::Tensor& w, const at::Tensor& sm, int64_t N, const float* bias, const char* what) {
   TORCH_CHECK(w.dim() == 4 && w.scalar_type() == at::kByte && w.is_contiguous() && w.size(2) == kCols &&
               w.size(3) == 4, what, ": w must be packed uint8 [N/64, K/8, 64, 4] (engine.kernels.pack4)");
   const int64_t K = w.size(1) * 8;
-  TORCH_CHECK(K % kGroup4 == 0 && sm.scalar_type() == at::kHalf && sm.is_contiguous() && sm.dim() == 4 &&
+  TORCH_CHECK(K % kGroup4 == 0 && sm.scalar_type() == at::kShort && sm.is_contiguous() && sm.dim() == 4 &&
               sm.size(0) == w.size(0) && sm.size(1) == K / kGroup4 && sm.size(2) == 2 && sm.size(3) == kCols,
-              what, ": scales/mins must be fp16 [N/64, K/64, 2, 64]");
+              what, ": scales/mins must be fp16 bits in int16 [N/64, K/64, 2, 64]");
   TORCH_CHECK(N > 0 && (N + kCols - 1) / kCols == w.size(0), what, ": ", N, " rows for ", w.size(0), " blocks");
   Packed p{nullptr, nullptr, nullptr, bias, N, K, w.size(0)};
   p.bits = 4;
   p.w4 = w.data_ptr<uint8_t>();
-  p.sm = reinterpret_cast<const uint16_t*>(sm.data_ptr<at::Half>());
+  p.sm = reinterpret_cast<const uint16_t*>(sm.data_ptr<int16_t>());
   return p;
 }
 
