@@ -14,11 +14,15 @@
 #include <torch/library.h>
 
 #include <immintrin.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
+#include <string>
 #include <vector>
 
 namespace {
@@ -64,6 +68,14 @@ void quantize_row(const float* x, int64_t K, uint8_t* q, float* scale, int32_t* 
   *zero = z;
 }
 
+// The epilogue of 16 output columns of one row: sx * ws * d (+ bias as one explicit FMA, so that no compiler
+// contraction can round it differently in one instantiation than in another: every row count, and the AMX path,
+// gives the same bits)
+inline __m512 scaled(__m512i d, float sx, __m512 ws, const __m512* bias) {
+  const __m512 f = _mm512_mul_ps(_mm512_set1_ps(sx), ws);
+  return bias ? _mm512_fmadd_ps(f, _mm512_cvtepi32_ps(d), *bias) : _mm512_mul_ps(f, _mm512_cvtepi32_ps(d));
+}
+
 // One block of 64 output columns against MB activation rows (m0..m0+MB-1). The block is stored as [K/4][64][4]:
 // for each group of 4 input features, the 4 weights of column 0, of column 1, ... so one 64-byte load holds 16
 // columns x 4 features, vpdpbusd adds x's 4 bytes (broadcast) times them into 16 column sums at once, and the
@@ -101,9 +113,7 @@ inline void block_rows(const int8_t* wb, const uint8_t* qx, int64_t Kp, int64_t 
     const __m512 vb = bias ? _mm512_maskz_loadu_ps(mask, bias + c0) : _mm512_setzero_ps();
     for (int m = 0; m < MB; ++m) {
       const __m512i d = _mm512_sub_epi32(acc[m][j], _mm512_mullo_epi32(_mm512_set1_epi32(zx[m0 + m]), vsum));
-      __m512 v = _mm512_mul_ps(_mm512_mul_ps(_mm512_set1_ps(sx[m0 + m]), vs), _mm512_cvtepi32_ps(d));
-      if (bias) v = _mm512_add_ps(v, vb);
-      _mm512_mask_storeu_ps(y + (m0 + m) * N + c0, mask, v);
+      _mm512_mask_storeu_ps(y + (m0 + m) * N + c0, mask, scaled(d, sx[m0 + m], vs, bias ? &vb : nullptr));
     }
   }
 }
@@ -253,14 +263,106 @@ void linear_raw4(const float* xp, int64_t M, int64_t K, const Packed& p, float* 
   });
 }
 
+// ---- AMX-INT8 for calls over many rows (w8a8) ------------------------------------------------------------------
+//
+// The packed block [K/4][64][4] is exactly what AMX's TDPBUSD takes as its B tile (16 quads of K x 16 columns x 4,
+// row stride 256 bytes), so a call over many rows (a prefill, a large verify call) multiplies the same u8 activation
+// codes by the same s8 weights in tiles of 16 rows x 16 columns x 64 inputs: the same exact int32 sums as the VNNI
+// loop, then the same epilogue, so the output is bit for bit the one the VNNI loop gives. Used where Linux grants
+// the process AMX tile data (arch_prctl; the CPU has AMX-INT8), for calls of at least kAmxRows rows whose K is a
+// multiple of 64; LEAPVOX_AMX=0 turns it off.
+constexpr int64_t kAmxRows = 5;
+
+bool amx_ready() {
+  static const bool ok = [] {
+    const char* env = std::getenv("LEAPVOX_AMX");
+    if (env && std::string(env) == "0") return false;
+    return syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XFEATURE_XTILEDATA */) == 0;
+  }();
+  return ok;
+}
+
+struct alignas(64) TileConfig {
+  uint8_t palette = 1, start_row = 0, reserved[14] = {};
+  uint16_t colsb[16] = {};
+  uint8_t rows[16] = {};
+};
+
+// tile state is per thread: each worker configures its tiles and releases them (a lambda inherits no target)
+__attribute__((target("amx-tile"))) void amx_begin(const TileConfig* cfg) { _tile_loadconfig(cfg); }
+__attribute__((target("amx-tile"))) void amx_end() { _tile_release(); }
+
+// int32 sums acc [Mpad][64] of one packed block against Mpad (a multiple of 16) activation rows qx [Mpad][Kp]
+__attribute__((target("amx-tile,amx-int8"))) void block_sums_amx(const int8_t* wb, const uint8_t* qx, int64_t Mpad,
+                                                                  int64_t Kp, int32_t* acc) {
+  for (int64_t m0 = 0; m0 < Mpad; m0 += 16) {
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_zero(2);
+    _tile_zero(3);
+    for (int64_t k0 = 0; k0 < Kp; k0 += 64) {
+      const int8_t* wq = wb + (k0 / 4) * 256;
+      _tile_loadd(4, qx + m0 * Kp + k0, Kp);
+      _tile_loadd(5, wq, 256);
+      _tile_loadd(6, wq + 64, 256);
+      _tile_dpbusd(0, 4, 5);
+      _tile_loadd(7, wq + 128, 256);
+      _tile_dpbusd(1, 4, 6);
+      _tile_loadd(5, wq + 192, 256);
+      _tile_dpbusd(2, 4, 7);
+      _tile_dpbusd(3, 4, 5);
+    }
+    _tile_stored(0, acc + m0 * 64, 256);
+    _tile_stored(1, acc + m0 * 64 + 16, 256);
+    _tile_stored(2, acc + m0 * 64 + 32, 256);
+    _tile_stored(3, acc + m0 * 64 + 48, 256);
+  }
+}
+
+void linear_amx(const uint8_t* qx, int64_t M, int64_t Mpad,
+                const Packed& p, const float* sx, const int32_t* zx, float* yp) {
+  const int64_t Kp = p.Kp, block_bytes = Kp * kCols;
+  at::parallel_for(0, p.blocks, 1, [&](int64_t begin, int64_t end) {
+    TileConfig cfg;
+    for (int t = 0; t < 8; ++t) {
+      cfg.rows[t] = 16;
+      cfg.colsb[t] = 64;
+    }
+    amx_begin(&cfg);
+    std::vector<int32_t> acc(static_cast<size_t>(Mpad * 64));
+    for (int64_t blk = begin; blk < end; ++blk) {
+      block_sums_amx(p.w + blk * block_bytes, qx, Mpad, Kp, acc.data());
+      const int64_t n0 = blk * kCols;
+      for (int j = 0; j < 4; ++j) {  // the VNNI loop's epilogue (block_rows)
+        const int64_t c0 = n0 + 16 * j;
+        if (c0 >= p.N) break;
+        const __mmask16 mask = (p.N - c0) >= 16 ? static_cast<__mmask16>(0xFFFF)
+                                                : static_cast<__mmask16>((1u << (p.N - c0)) - 1);
+        const __m512 vs = _mm512_maskz_loadu_ps(mask, p.scale + c0);
+        const __m512i vsum = _mm512_maskz_loadu_epi32(mask, p.sum + c0);
+        const __m512 vb = p.bias ? _mm512_maskz_loadu_ps(mask, p.bias + c0) : _mm512_setzero_ps();
+        for (int64_t m = 0; m < M; ++m) {
+          const __m512i a = _mm512_loadu_si512(acc.data() + m * 64 + 16 * j);
+          const __m512i d = _mm512_sub_epi32(a, _mm512_mullo_epi32(_mm512_set1_epi32(zx[m]), vsum));
+          _mm512_mask_storeu_ps(yp + m * p.N + c0, mask, scaled(d, sx[m], vs, p.bias ? &vb : nullptr));
+        }
+      }
+    }
+    amx_end();
+  });
+}
+
 // y [M, N] = x [M, K] (fp32 rows, row stride K) times the packed weight: rows quantized here, blocks over threads.
 void linear_raw(const float* xp, int64_t M, int64_t K, const Packed& p, float* yp) {
   if (p.bits == 4) return linear_raw4(xp, M, K, p, yp);
   const int64_t Kp = p.Kp;
-  std::vector<uint8_t> qx(static_cast<size_t>(M * Kp), 0);  // padding multiplies zero weights
+  const bool amx = M >= kAmxRows && Kp % 64 == 0 && amx_ready();
+  const int64_t Mpad = amx ? (M + 15) / 16 * 16 : M;
+  std::vector<uint8_t> qx(static_cast<size_t>(Mpad * Kp), 0);  // padding multiplies zero weights (or is ignored)
   std::vector<float> sx(M);
   std::vector<int32_t> zx(M);
   for (int64_t m = 0; m < M; ++m) quantize_row(xp + m * K, K, qx.data() + m * Kp, &sx[m], &zx[m]);
+  if (amx) return linear_amx(qx.data(), M, Mpad, p, sx.data(), zx.data(), yp);
   const int64_t block_bytes = Kp * kCols;
   at::parallel_for(0, p.blocks, 1, [&](int64_t begin, int64_t end) {
     for (int64_t blk = begin; blk < end; ++blk)
