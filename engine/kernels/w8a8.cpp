@@ -34,6 +34,19 @@ constexpr int64_t kXBlock = 4;  // activation rows per pass over a block (more r
 #endif
 constexpr int64_t kPrefetch8 = LEAPVOX_PF8;  // bytes ahead in the weight stream (0: none); 4096 measured best
 
+// fn(row) for rows 0..n-1: on torch's threads when there are enough rows to pay for waking them (prefill, large
+// verify calls), else in order here. Each row's work is independent of the others', so the bits do not change.
+template <typename F>
+inline void rows_in_parallel(int64_t n, const F& fn) {
+  if (n < 8) {
+    for (int64_t i = 0; i < n; ++i) fn(i);
+    return;
+  }
+  at::parallel_for(0, n, 4, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) fn(i);
+  });
+}
+
 // x row [K] -> u8 codes [K], scale, zero point (asymmetric over [min(x, 0), max(x, 0)], round half to even)
 void quantize_row(const float* x, int64_t K, uint8_t* q, float* scale, int32_t* zero) {
   __m512 lo = _mm512_setzero_ps(), hi = _mm512_setzero_ps();
@@ -254,7 +267,7 @@ void linear_raw4(const float* xp, int64_t M, int64_t K, const Packed& p, float* 
   std::vector<int8_t> qx(static_cast<size_t>(M * K));
   std::vector<float> sx(M * G);
   std::vector<int32_t> xs(M * G);
-  for (int64_t m = 0; m < M; ++m) quantize_row_groups(xp + m * K, K, qx.data() + m * K, &sx[m * G], &xs[m * G]);
+  rows_in_parallel(M, [&](int64_t m) { quantize_row_groups(xp + m * K, K, qx.data() + m * K, &sx[m * G], &xs[m * G]); });
   const int64_t block_bytes = K * kCols / 2, block_sm = G * 2 * kCols;
   at::parallel_for(0, p.blocks, 1, [&](int64_t begin, int64_t end) {
     for (int64_t blk = begin; blk < end; ++blk)
@@ -361,7 +374,7 @@ void linear_raw(const float* xp, int64_t M, int64_t K, const Packed& p, float* y
   std::vector<uint8_t> qx(static_cast<size_t>(Mpad * Kp), 0);  // padding multiplies zero weights (or is ignored)
   std::vector<float> sx(M);
   std::vector<int32_t> zx(M);
-  for (int64_t m = 0; m < M; ++m) quantize_row(xp + m * K, K, qx.data() + m * Kp, &sx[m], &zx[m]);
+  rows_in_parallel(M, [&](int64_t m) { quantize_row(xp + m * K, K, qx.data() + m * Kp, &sx[m], &zx[m]); });
   if (amx) return linear_amx(qx.data(), M, Mpad, p, sx.data(), zx.data(), yp);
   const int64_t block_bytes = Kp * kCols;
   at::parallel_for(0, p.blocks, 1, [&](int64_t begin, int64_t end) {
@@ -582,13 +595,13 @@ at::Tensor qwen3_layer(const at::Tensor& x_, at::TensorList w, const at::Tensor&
   std::vector<float> h(T * H), q(T * qkv.N), att(T * Q), g(T * 2 * I);
 
   // attention block
-  for (int64_t t = 0; t < T; ++t) rms_norm_row(xp + t * H, ln1, H, eps, h.data() + t * H);
+  rows_in_parallel(T, [&](int64_t t) { rms_norm_row(xp + t * H, ln1, H, eps, h.data() + t * H); });
   linear_raw(h.data(), T, H, qkv, q.data());
   float* kp = kc.data_ptr<float>();
   float* vp = vc.data_ptr<float>();
   const int64_t ks0 = kc.stride(0), ks1 = kc.stride(1), ks2 = kc.stride(2);
   const int64_t vs0 = vc.stride(0), vs1 = vc.stride(1), vs2 = vc.stride(2);
-  for (int64_t t = 0; t < T; ++t) {
+  rows_in_parallel(T, [&](int64_t t) {  // rows write distinct slots
     float* row = q.data() + t * qkv.N;
     const float *c = cs.data_ptr<float>() + t * D, *s = sn.data_ptr<float>() + t * D;
     for (int64_t hd = 0; hd < nh; ++hd) norm_rope_head(row + hd * D, qn, qk_eps, c, s, D);
@@ -601,7 +614,7 @@ at::Tensor qwen3_layer(const at::Tensor& x_, at::TensorList w, const at::Tensor&
         std::memcpy(vp + hd * vs0 + r * vs1 + (slot + t) * vs2, v, D * sizeof(float));
       }
     }
-  }
+  });
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
   const int64_t work = std::max<int64_t>(1, span * D);
   at::parallel_for(0, T * nh, std::max<int64_t>(1, 32768 / work), [&](int64_t begin, int64_t end) {
@@ -657,22 +670,23 @@ at::Tensor qwen3_layer(const at::Tensor& x_, at::TensorList w, const at::Tensor&
     _mm512_storeu_ps(yp + i, _mm512_add_ps(_mm512_loadu_ps(yp + i), _mm512_loadu_ps(xp + i)));
 
   // MLP block
-  for (int64_t t = 0; t < T; ++t) rms_norm_row(yp + t * H, ln2, H, eps, h.data() + t * H);
+  rows_in_parallel(T, [&](int64_t t) { rms_norm_row(yp + t * H, ln2, H, eps, h.data() + t * H); });
   linear_raw(h.data(), T, H, gu, g.data());
-  for (int64_t t = 0; t < T; ++t) {
-    float* gate = g.data() + t * 2 * I;  // silu(gate) * up, written over gate
+  std::vector<float> act(T * I);  // silu(gate) * up, rows packed [T, I] for the product
+  rows_in_parallel(T, [&](int64_t t) {
+    const float* gate = g.data() + t * 2 * I;
     const float* up = gate + I;
+    float* a = act.data() + t * I;
     for (int64_t i = 0; i < I; i += 16) {
       const __m512 v = _mm512_loadu_ps(gate + i);
       const __m512 sig = _mm512_div_ps(_mm512_set1_ps(1.0f),
                                        _mm512_add_ps(_mm512_set1_ps(1.0f), exp16(_mm512_sub_ps(_mm512_setzero_ps(), v))));
-      _mm512_storeu_ps(gate + i, _mm512_mul_ps(_mm512_mul_ps(v, sig), _mm512_loadu_ps(up + i)));
+      _mm512_storeu_ps(a + i, _mm512_mul_ps(_mm512_mul_ps(v, sig), _mm512_loadu_ps(up + i)));
     }
-    if (rot_block) hadamard_blocks(gate, I, rot_block);
-    if (t) std::memmove(g.data() + t * I, gate, I * sizeof(float));  // rows packed [T, I] for the product
-  }
+    if (rot_block) hadamard_blocks(a, I, rot_block);
+  });
   std::vector<float> d(T * H);
-  linear_raw(g.data(), T, I, dn, d.data());
+  linear_raw(act.data(), T, I, dn, d.data());
   for (int64_t i = 0; i < T * H; i += 16)
     _mm512_storeu_ps(yp + i, _mm512_add_ps(_mm512_loadu_ps(yp + i), _mm512_loadu_ps(d.data() + i)));
   return out;
