@@ -4,8 +4,11 @@
 4 input features at a time, 8-bit activations quantized per row, exact int32 dot products, blocks split over
 torch's own threads). Against torch's FBGEMM route on the 0.6B predictor's 35 linears it reads the weights 1.2x
 faster at one row and quantizes each row of a multi-row call on its own (so the root row of spec's verify call is
-computed exactly as the ar call computes it); measured in tests/benchmarks/README.md ("w8a8 kernel"). Also
-`qwen3_layer`: a whole w8a8 decoder layer in one call (engine/fused.py).
+computed exactly as the ar call computes it); measured in tests/benchmarks/README.md ("w8a8 kernel"). Calls over
+5+ rows run on AMX-INT8 tiles where the CPU has them and Linux grants them (the packed block is the tile layout;
+the same integer sums, so the same bits; `LEAPVOX_AMX=0` turns it off). Also `w4a8_linear` (4-bit weights in
+groups of 64: `quantize4`, `pack4`) and `qwen3_layer`: a whole w8a8 / w4a8 decoder layer in one call
+(engine/fused.py).
 `codec.cpp`: the codec decoder's SnakeBeta in one pass and its transposed convolutions' overlap-add.
 
 Nothing here is needed: leapvox installs with pip alone and runs torch's kernels when this one is not available:
