@@ -163,10 +163,7 @@ class W8A8Linear(nn.Module):
     def from_linear(cls, linear: nn.Linear, rotate: int = 0) -> W8A8Linear:
         """Quantize `linear`; with `rotate` B, its input is first turned by a B x B Hadamard rotation per block of B
         features, which spreads a few large activations over many features before the 8-bit rounding."""
-        w, rotation = linear.weight.detach().float(), None
-        if rotate:
-            rotation = hadamard(rotate)
-            w = (w.reshape(-1, rotate) @ rotation.T).reshape(w.shape)  # W R^T per block
+        w, rotation = rotated_weight(linear, rotate)
         codes, scales = quantize_weight(w, torch.float32, 127.0)
         return cls(codes, scales, linear.bias, rotation)
 
@@ -183,10 +180,7 @@ class W8A8Linear(nn.Module):
         x2 = x.reshape(-1, shape[-1]).float()
         if self.rotation is not None:
             x2 = (x2.reshape(-1, self.rotation.shape[0]) @ self.rotation).reshape(-1, shape[-1])  # R x per block
-        if self.op is not None:
-            y = self.op(x2.contiguous(), self.wpack, self.wscale, self.wsum, self.wbias)
-        else:
-            y = torch.ops.quantized.linear_dynamic(x2, self.packed, REDUCE_RANGE)
+        y = self.product()(x2.contiguous())
         return y.to(x.dtype).reshape(*shape[:-1], self.out_features)
 
     def _unpacked(self):
@@ -251,23 +245,12 @@ class W4A8Linear(W8A8Linear):
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, rotate: int = 0) -> W4A8Linear:
-        w, rotation = linear.weight.detach().float(), None
-        if rotate:
-            rotation = hadamard(rotate)
-            w = (w.reshape(-1, rotate) @ rotation.T).reshape(w.shape)  # W R^T per block
+        w, rotation = rotated_weight(linear, rotate)
         return cls(*kernels.quantize4(w), linear.bias, rotation)
 
     def product(self) -> Callable[[torch.Tensor], torch.Tensor]:
         op, w, sm, n, b = self.op, self.wpack, self.wscale, self.out_features, self.wbias
         return lambda x: op(x, w, sm, n, b)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        shape = x.shape
-        x2 = x.reshape(-1, shape[-1]).float()
-        if self.rotation is not None:
-            x2 = (x2.reshape(-1, self.rotation.shape[0]) @ self.rotation).reshape(-1, shape[-1])  # R x per block
-        y = self.op(x2.contiguous(), self.wpack, self.wscale, self.out_features, self.wbias)
-        return y.to(x.dtype).reshape(*shape[:-1], self.out_features)
 
     def unpacked(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(codes uint8 [N, K], scales fp16 [N, K/64], mins fp16 [N, K/64])."""
@@ -287,6 +270,16 @@ class W4A8Linear(W8A8Linear):
         if self.rotation is None:
             return w
         return (w.reshape(-1, self.rotation.shape[0]) @ self.rotation).reshape(w.shape)
+
+
+def rotated_weight(linear: nn.Linear, rotate: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(W R^T per block of `rotate` input features, R), or (W, None) when `rotate` is 0: the weight whose products
+    take inputs turned by R = hadamard(rotate) block by block."""
+    w = linear.weight.detach().float()
+    if not rotate:
+        return w, None
+    rotation = hadamard(rotate)
+    return (w.reshape(-1, rotate) @ rotation.T).reshape(w.shape), rotation
 
 
 @functools.cache

@@ -413,17 +413,19 @@ Packed packed_of(const at::Tensor& w, const at::Tensor& wscale, const at::Tensor
                 w.size(0)};
 }
 
+// an optional bias's fp32 data (held alive by `hold`), or nullptr
+const float* bias_of(const c10::optional<at::Tensor>& bias, int64_t N, const char* what, at::Tensor& hold) {
+  if (!bias.has_value() || !bias->defined()) return nullptr;
+  hold = bias->contiguous();
+  TORCH_CHECK(hold.scalar_type() == at::kFloat && hold.numel() == N, what, ": bias fp32 [N]");
+  return hold.data_ptr<float>();
+}
+
 at::Tensor w8a8_linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& wscale, const at::Tensor& wsum,
                        const c10::optional<at::Tensor>& bias) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat, "w8a8_linear: x must be fp32 [M, K]");
-  const float* bptr = nullptr;
   at::Tensor b;
-  if (bias.has_value() && bias->defined()) {
-    b = bias->contiguous();
-    TORCH_CHECK(b.scalar_type() == at::kFloat && b.numel() == wscale.numel(), "w8a8_linear: bias fp32 [N]");
-    bptr = b.data_ptr<float>();
-  }
-  const Packed p = packed_of(w, wscale, wsum, bptr, "w8a8_linear");
+  const Packed p = packed_of(w, wscale, wsum, bias_of(bias, wscale.numel(), "w8a8_linear", b), "w8a8_linear");
   const int64_t M = x.size(0), K = x.size(1);
   TORCH_CHECK(K <= p.Kp && p.Kp - K < 4, "w8a8_linear: x has ", K, " features, the packed weight ", p.Kp,
               " (padded), ", p.N, " rows");
@@ -438,14 +440,8 @@ at::Tensor w8a8_linear(const at::Tensor& x, const at::Tensor& w, const at::Tenso
 at::Tensor w4a8_linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& sm, int64_t N,
                        const c10::optional<at::Tensor>& bias) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat, "w4a8_linear: x must be fp32 [M, K]");
-  const float* bptr = nullptr;
   at::Tensor b;
-  if (bias.has_value() && bias->defined()) {
-    b = bias->contiguous();
-    TORCH_CHECK(b.scalar_type() == at::kFloat && b.numel() == N, "w4a8_linear: bias fp32 [N]");
-    bptr = b.data_ptr<float>();
-  }
-  const Packed p = packed4_of(w, sm, N, bptr, "w4a8_linear");
+  const Packed p = packed4_of(w, sm, N, bias_of(bias, N, "w4a8_linear", b), "w4a8_linear");
   TORCH_CHECK(x.size(1) == p.Kp, "w4a8_linear: x has ", x.size(1), " features, the weight ", p.Kp);
   const at::Tensor xc = x.contiguous();
   at::Tensor y = at::empty({x.size(0), N}, x.options());
