@@ -96,6 +96,16 @@ def test_many_rows_give_the_bits_of_one_row_at_a_time(op, m, k, n):
         assert ((whole.double() - ref).abs().max() / ref.abs().max()).item() < 1e-6
 
 
+def test_amx_only_where_the_cpu_has_it_and_the_switch_turns_it_off(op):
+    if kernels.amx_enabled():
+        assert "amx_int8" in kernels.cpu_flags() and "AMX" in kernels.describe()
+    code = "from leapvox.engine import kernels; print(kernels.amx_enabled(), kernels.describe())"
+    r = subprocess.run([sys.executable, "-c", code], env=dict(os.environ, LEAPVOX_AMX="0"), capture_output=True,
+                       text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("False leapvox") and "AMX" not in r.stdout
+
+
 def test_kernel_rejects_a_layout_it_was_not_given(op):
     w = torch.zeros(8, 64, dtype=torch.int8)
     with pytest.raises(RuntimeError, match="packed"):

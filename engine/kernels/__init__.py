@@ -290,10 +290,18 @@ def unavailable_reason() -> str | None:
     return _STATE["reason"]
 
 
+def amx_enabled() -> bool:
+    """Whether the kernel multiplies calls over 5+ rows on AMX-INT8 tiles here (the CPU has them, Linux grants them,
+    LEAPVOX_AMX is not 0)."""
+    return w8a8_op() is not None and bool(torch.ops.leapvox_kernels.amx_enabled())
+
+
 def describe() -> str:
     """One line for `leapvox doctor`: which kernel the w8a8 format uses here."""
     why = unavailable_reason()
-    return "leapvox AVX-512 VNNI kernel (built here)" if why is None else f"torch's FBGEMM/QNNPACK ({why})"
+    if why is not None:
+        return f"torch's FBGEMM/QNNPACK ({why})"
+    return "leapvox AVX-512 VNNI kernel (built here" + ("; AMX-INT8 tiles for 5+ rows)" if amx_enabled() else ")")
 
 
 @contextlib.contextmanager

@@ -693,6 +693,7 @@ at::Tensor qwen3_layer(const at::Tensor& x_, at::TensorList w, const at::Tensor&
 TORCH_LIBRARY(leapvox_kernels, m) {
   m.def("w8a8_linear(Tensor x, Tensor w, Tensor wscale, Tensor wsum, Tensor? bias) -> Tensor");
   m.def("w4a8_linear(Tensor x, Tensor w, Tensor sm, int n, Tensor? bias) -> Tensor");
+  m.def("amx_enabled() -> bool", +[]() { return amx_ready(); });  // no tensors: a catch-all kernel
   m.def("qwen3_layer(Tensor x, Tensor[] w, Tensor kc, Tensor vc, int slot, Tensor cos, Tensor sin, Tensor? mask, "
         "int span, int nh, int nkv, float eps, float qk_eps, int rot_block) -> Tensor");
 }
