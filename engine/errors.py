@@ -19,6 +19,10 @@ class InputError(LeapvoxError):
     exit_code = 2
 
 
+class FormatUnavailableError(InputError, ValueError):
+    """The weight format asked for does not run on this machine (no kernel for it here)."""
+
+
 class ModelNotFoundError(InputError):
     """The model named by the user does not exist where it was said to be."""
 

@@ -49,6 +49,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from . import kernels
+from .errors import FormatUnavailableError
 from .memory import return_freed_memory
 
 WEIGHT_FORMATS = ("fp32", "bf16", "int8", "w8a8", "w4a8", "int4")
@@ -525,9 +526,9 @@ def quantize_model(tts, weights: str = "int8") -> dict:
     if weights not in QUANT_FORMATS:
         return summary
     if weights == "w8a8" and (why := w8a8_unavailable_reason()):
-        raise ValueError(f"the w8a8 format does not run here: {why}; use --weights int8")
+        raise FormatUnavailableError(f"the w8a8 format does not run here: {why}", hint="use --weights int8")
     if weights == "w4a8" and (why := w4a8_unavailable_reason()):
-        raise ValueError(f"the w4a8 format does not run here: {why}; use --weights w8a8 or int4")
+        raise FormatUnavailableError(f"the w4a8 format does not run here: {why}", hint="use --weights w8a8 or int4")
 
     # (parent, name) only: holding the linears until the end would keep every source weight alive (memory-mapped
     # from the checkpoint) until all are converted; dropped one by one, the peak is the int8 model plus one layer

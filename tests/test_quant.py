@@ -267,6 +267,22 @@ def test_w4a8_model_is_4_bit_in_its_layers_and_lowers_the_codec_where_bf16_is_fa
     assert wav.dtype == np.float32 and np.isfinite(wav).all() and wav.size == 1920 * codes.shape[0] > 0
 
 
+def test_a_format_this_machine_cannot_run_is_one_line_with_a_hint(tmp_path):
+    """Without leapvox's kernel (LEAPVOX_KERNELS=0) w4a8 has no route: speak says so in one line, no traceback."""
+    import subprocess
+    import sys
+
+    out = tmp_path / "a.wav"
+    code = ("import sys; from leapvox.app.cli import main; sys.exit(main(['speak', 'Hello.', '-o', sys.argv[1], "
+            f"'--model', {str(FIXTURES / 'tiny-0b6')!r}, '--weights', 'w4a8', '--max-frames', '2']))")
+    env = dict(__import__("os").environ, LEAPVOX_KERNELS="0")
+    r = subprocess.run([sys.executable, "-c", code, str(out)], env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2, r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert lines == [lines[-1]] and "w4a8 format does not run here" in lines[-1] and "--weights w8a8" in lines[-1]
+    assert "internal error" not in r.stderr and "Traceback" not in r.stderr and not out.exists()
+
+
 def test_auto_weights_resolve_to_w8a8_where_its_kernels_run_else_int8(monkeypatch):
     from leapvox.app.common import WEIGHT_CHOICES, WEIGHT_FORMATS
     from leapvox.engine import quant
