@@ -286,8 +286,15 @@ void linear_raw4(const float* xp, int64_t M, int64_t K, const Packed& p, float* 
 // multiple of 64; LEAPVOX_AMX=0 turns it off.
 constexpr int64_t kAmxRows = 5;
 
+#if (defined(__clang__) && __clang_major__ >= 12) || (!defined(__clang__) && defined(__GNUC__) && __GNUC__ >= 11)
+#define LEAPVOX_AMX_BUILT 1  // the compiler knows AMX's intrinsics (GCC 11+, clang 12+); older ones build without
+#else
+#define LEAPVOX_AMX_BUILT 0
+#endif
+
 bool amx_ready() {
   static const bool ok = [] {
+    if (!LEAPVOX_AMX_BUILT) return false;
     const char* env = std::getenv("LEAPVOX_AMX");
     if (env && std::string(env) == "0") return false;
     return syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XFEATURE_XTILEDATA */) == 0;
@@ -295,6 +302,7 @@ bool amx_ready() {
   return ok;
 }
 
+#if LEAPVOX_AMX_BUILT
 struct alignas(64) TileConfig {
   uint8_t palette = 1, start_row = 0, reserved[14] = {};
   uint16_t colsb[16] = {};
@@ -364,6 +372,9 @@ void linear_amx(const uint8_t* qx, int64_t M, int64_t Mpad,
     amx_end();
   });
 }
+#else
+void linear_amx(const uint8_t*, int64_t, int64_t, const Packed&, const float*, const int32_t*, float*) {}  // unused
+#endif
 
 // y [M, N] = x [M, K] (fp32 rows, row stride K) times the packed weight: rows quantized here, blocks over threads.
 void linear_raw(const float* xp, int64_t M, int64_t K, const Packed& p, float* yp) {
