@@ -468,7 +468,8 @@ def lowers_codec(weights: str) -> bool:
 def w4a8_unavailable_reason() -> str | None:
     """None when leapvox's compiled kernel (which w4a8 needs: there is no torch route) runs here, else why not."""
     if kernels.w4a8_op() is None:
-        return f"it needs leapvox's compiled CPU kernel, which is unavailable: {kernels.unavailable_reason()}"
+        why = kernels.unavailable_reason() or "its 4-bit product failed its self-check on this CPU"
+        return f"it needs leapvox's compiled CPU kernel, which is unavailable: {why}"
     return None
 
 

@@ -198,6 +198,16 @@ def test_w4a8_rows_are_independent_and_zero_rows_give_zeros(op):
     assert torch.equal(whole[4], torch.zeros(37))
 
 
+def test_a_w4a8_op_that_fails_its_check_is_not_offered(op, monkeypatch):
+    from leapvox.engine.quant import w4a8_unavailable_reason
+
+    monkeypatch.setitem(kernels._STATE, "w4a8_ok", False)  # as if the check had failed on this CPU
+    assert kernels.w4a8_op() is None and kernels.w8a8_op() is not None
+    assert "self-check" in w4a8_unavailable_reason()
+    monkeypatch.delitem(kernels._STATE, "w4a8_ok")
+    assert kernels.w4a8_op() is not None and kernels._STATE["w4a8_ok"] is True  # the real check passes here
+
+
 def test_w4a8_kernel_rejects_a_layout_it_was_not_given(op):
     nibbles, sm = kernels.pack4(*kernels.quantize4(torch.randn(8, 128)))
     w4 = kernels.w4a8_op()

@@ -250,8 +250,19 @@ def layer_op() -> Callable | None:
 
 def w4a8_op() -> Callable | None:
     """w4a8_linear(x fp32 [M, K], nibbles, scales/mins (pack4), N, bias fp32 [N] or None) -> fp32 [M, N], or
-    None where the library is unavailable."""
-    return _op("w4a8_linear")
+    None where the library is unavailable or this op failed its own check against `w4a8_reference` here (checked
+    once per process)."""
+    op = _op("w4a8_linear")
+    if op is not None and "w4a8_ok" not in _STATE:
+        g = torch.Generator().manual_seed(0)
+        ok = True
+        for m, k, n in ((1, 1024, 40), (6, 128, 70)):
+            x, parts = torch.randn(m, k, generator=g), quantize4(torch.randn(n, k, generator=g))
+            ref = w4a8_reference(x, *parts)
+            err = ((op(x, *pack4(*parts), n, None).double() - ref).abs().max() / ref.abs().max()).item()
+            ok = ok and err < 1e-5
+        _STATE["w4a8_ok"] = ok
+    return op if op is not None and _STATE["w4a8_ok"] else None
 
 
 def snake_op() -> Callable | None:
