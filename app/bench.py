@@ -37,7 +37,7 @@ def add_commands(sub) -> None:
         default=default_model(),
         help="catalog name, Hub repo or checkpoint folder (default: $LEAPVOX_MODEL, else the bundled demo model)",
     )
-    b.add_argument("--weights", default=",".join(WEIGHT_FORMATS), help="comma-separated weight formats (default all)")
+    b.add_argument("--weights", help="comma-separated weight formats (default: every format that runs here)")
     b.add_argument("--modes", default=",".join(MODES), help="comma-separated decoding modes (default all)")
     b.add_argument("--rounds", type=int, default=3, help="interleaved rounds; medians are reported (default 3)")
     b.add_argument("--text", default=TEXT, help="the text to speak (default: two clauses, about 7 s of speech)")
@@ -124,7 +124,7 @@ def table(result: dict) -> str:
 def cmd_bench(args) -> int:
     from leapvox.app.common import require_model
 
-    weights = _list(args.weights, WEIGHT_FORMATS, "weight format")
+    weights = _list(args.weights or ",".join(WEIGHT_FORMATS), WEIGHT_FORMATS, "weight format")
     modes = _list(args.modes, MODES, "mode")
     if args.rounds < 1:
         raise UsageError("--rounds must be >= 1")
@@ -143,6 +143,12 @@ def cmd_bench(args) -> int:
 
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.weights is None:  # every format: those this machine cannot run are left out, with the reason
+        from leapvox.engine.quant import format_unavailable_reason
+
+        for w in [w for w in weights if format_unavailable_reason(w)]:
+            tell(f"leaving out {w}: {format_unavailable_reason(w)}")
+            weights.remove(w)
     models = {}
     for w in weights:
         tell(f"loading {name} ({w})")

@@ -473,6 +473,15 @@ def w4a8_unavailable_reason() -> str | None:
     return None
 
 
+def format_unavailable_reason(weights: str) -> str | None:
+    """None when the weight format `weights` runs on this machine, else why not (w8a8 and w4a8 need kernels)."""
+    if weights == "w8a8":
+        return w8a8_unavailable_reason()
+    if weights == "w4a8":
+        return w4a8_unavailable_reason()
+    return None
+
+
 def rotation_block(width: int) -> int:
     """The Hadamard block size for a rotated layer of `width` input features, or 0 when none fits."""
     block = ROTATION_BLOCK

@@ -231,3 +231,21 @@ def test_worker_process_returns_the_same_record(tiny_folder):
     rec = bench.run_format(tiny_folder, "int8", frames=2, repeats=1, modes=["ar"], isolate=True)
     assert rec["weights"] == "int8" and set(rec["modes"]) == {"ar"} and rec["modes"]["ar"]["frames"] >= 1
     assert not (tiny_folder / "last-int8.json").exists()  # nothing written into a folder we were only given
+
+
+def test_user_bench_by_default_leaves_out_a_format_this_machine_cannot_run(tmp_path):
+    """Without leapvox's kernel (LEAPVOX_KERNELS=0) w4a8 does not run: the default "every format" says so and goes on
+    with the others; asked for by name it is an error (test_quant.py)."""
+    import os
+    import subprocess
+    import sys
+
+    out = tmp_path / "b.json"
+    code = ("import sys; from leapvox.app.cli import main; sys.exit(main(['bench', '--model', sys.argv[1], "
+            "'--modes', 'ar', '--rounds', '1', '--max-frames', '2', '--json', sys.argv[2]]))")
+    r = subprocess.run([sys.executable, "-c", code, str(FIXTURES / "tiny-0b6"), str(out)], capture_output=True,
+                       text=True, timeout=600, env=dict(os.environ, LEAPVOX_KERNELS="0"))
+    assert r.returncode == 0, r.stderr
+    assert "leaving out w4a8: it needs leapvox's compiled CPU kernel" in r.stderr
+    done = set(json.loads(out.read_text())["results"]["ar"])
+    assert done == {"fp32", "bf16", "int8", "w8a8", "int4"}
