@@ -390,9 +390,8 @@ def fuse_layers(layers) -> int:
         for parent, names, fused_name in ((layer.self_attn, ("q_proj", "k_proj", "v_proj"), "qkv_proj"),
                                           (layer.mlp, ("gate_proj", "up_proj"), "gate_up_proj")):
             parts = [getattr(parent, name) for name in names]
-            if not all(isinstance(p, W8A8Linear) and p.rotation is None and not p.has_bias for p in parts):
-                continue
-            if len({type(p) for p in parts}) != 1:
+            plain = all(isinstance(p, W8A8Linear) and p.rotation is None and not p.has_bias for p in parts)
+            if not plain or len({type(p) for p in parts}) != 1:  # fused only when all w8a8 or all w4a8
                 continue
             fused = _fused(parts)
             setattr(parent, fused_name, fused)
@@ -473,6 +472,9 @@ def w4a8_unavailable_reason() -> str | None:
     return None
 
 
+FALLBACK_HINTS = {"w8a8": "use --weights int8", "w4a8": "use --weights w8a8 or int4"}  # where a format does not run
+
+
 def format_unavailable_reason(weights: str) -> str | None:
     """None when the weight format `weights` runs on this machine, else why not (w8a8 and w4a8 need kernels)."""
     if weights == "w8a8":
@@ -535,10 +537,8 @@ def quantize_model(tts, weights: str = "int8") -> dict:
     summary = {"weights": weights, "layers": 0, "bytes_before": 0, "bytes_after": 0}
     if weights not in QUANT_FORMATS:
         return summary
-    if weights == "w8a8" and (why := w8a8_unavailable_reason()):
-        raise FormatUnavailableError(f"the w8a8 format does not run here: {why}", hint="use --weights int8")
-    if weights == "w4a8" and (why := w4a8_unavailable_reason()):
-        raise FormatUnavailableError(f"the w4a8 format does not run here: {why}", hint="use --weights w8a8 or int4")
+    if why := format_unavailable_reason(weights):
+        raise FormatUnavailableError(f"the {weights} format does not run here: {why}", hint=FALLBACK_HINTS[weights])
 
     # (parent, name) only: holding the linears until the end would keep every source weight alive (memory-mapped
     # from the checkpoint) until all are converted; dropped one by one, the peak is the int8 model plus one layer

@@ -29,10 +29,12 @@ namespace {
 
 constexpr int64_t kCols = 64;   // output columns per packed block (4 vectors of 16 int32 sums)
 constexpr int64_t kXBlock = 4;  // activation rows per pass over a block (more rows: another pass, from cache)
-#ifndef LEAPVOX_PF8
-#define LEAPVOX_PF8 4096
-#endif
-constexpr int64_t kPrefetch8 = LEAPVOX_PF8;  // bytes ahead in the weight stream (0: none); 4096 measured best
+constexpr int64_t kPrefetch = 4096;  // bytes ahead in a weight stream (measured best of 512 .. 8192; README)
+
+// the lanes of 16 output columns starting at c0 that exist (N - c0 of them at the tail)
+inline __mmask16 tail_mask(int64_t N, int64_t c0) {
+  return (N - c0) >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << (N - c0)) - 1);
+}
 
 // fn(row) for rows 0..n-1: on torch's threads when there are enough rows to pay for waking them (prefill, large
 // verify calls), else in order here. Each row's work is independent of the others', so the bits do not change.
@@ -103,8 +105,7 @@ inline void block_rows(const int8_t* wb, const uint8_t* qx, int64_t Kp, int64_t 
   const int64_t quads = Kp / 4;
   for (int64_t q = 0; q < quads; ++q) {
     const int8_t* wq = wb + q * 256;
-    if (kPrefetch8)
-      for (int j = 0; j < 4; ++j) _mm_prefetch(reinterpret_cast<const char*>(wq + 64 * j + kPrefetch8), _MM_HINT_T0);
+    for (int j = 0; j < 4; ++j) _mm_prefetch(reinterpret_cast<const char*>(wq + 64 * j + kPrefetch), _MM_HINT_T0);
     const __m512i w0 = _mm512_loadu_si512(wq), w1 = _mm512_loadu_si512(wq + 64);
     const __m512i w2 = _mm512_loadu_si512(wq + 128), w3 = _mm512_loadu_si512(wq + 192);
     for (int m = 0; m < MB; ++m) {
@@ -120,7 +121,7 @@ inline void block_rows(const int8_t* wb, const uint8_t* qx, int64_t Kp, int64_t 
   for (int j = 0; j < 4; ++j) {
     const int64_t c0 = n0 + 16 * j;
     if (c0 >= N) break;
-    const __mmask16 mask = (N - c0) >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << (N - c0)) - 1);
+    const __mmask16 mask = tail_mask(N, c0);
     const __m512 vs = _mm512_maskz_loadu_ps(mask, ws + c0);
     const __m512i vsum = _mm512_maskz_loadu_epi32(mask, wsum + c0);
     const __m512 vb = bias ? _mm512_maskz_loadu_ps(mask, bias + c0) : _mm512_setzero_ps();
@@ -153,10 +154,6 @@ inline void block_all_rows(const int8_t* wb, const uint8_t* qx, int64_t M, int64
 // nibble and u[c, 8o + 4 + i] in its high one, so one 64-byte load covers 16 columns x 8 features; scales and mins
 // [K/64][2][64] fp16 per block.
 constexpr int64_t kGroup4 = 64;
-#ifndef LEAPVOX_PF4
-#define LEAPVOX_PF4 4096
-#endif
-constexpr int64_t kPrefetch4 = LEAPVOX_PF4;  // bytes ahead in the nibble stream; 4096 measured best
 
 // x row [K] (K % 64 == 0) -> s8 codes [K], per-group scales sx [K/64] and code sums xs [K/64]
 void quantize_row_groups(const float* x, int64_t K, int8_t* q, float* sx, int32_t* xs) {
@@ -199,7 +196,7 @@ inline void block_rows4(const uint8_t* wb, const uint16_t* sm, const int8_t* qx,
       const uint8_t* wo = wg + o * 256;
       __m512i wl[4], wh[4];
       for (int j = 0; j < 4; ++j) {
-        _mm_prefetch(reinterpret_cast<const char*>(wo + 64 * j + kPrefetch4), _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(wo + 64 * j + kPrefetch), _MM_HINT_T0);
         const __m512i v = _mm512_loadu_si512(wo + 64 * j);
         wl[j] = _mm512_and_si512(v, nib);
         wh[j] = _mm512_and_si512(_mm512_srli_epi16(v, 4), nib);
@@ -230,7 +227,7 @@ inline void block_rows4(const uint8_t* wb, const uint16_t* sm, const int8_t* qx,
   for (int j = 0; j < 4; ++j) {
     const int64_t c0 = n0 + 16 * j;
     if (c0 >= N) break;
-    const __mmask16 mask = (N - c0) >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << (N - c0)) - 1);
+    const __mmask16 mask = tail_mask(N, c0);
     const __m512 vb = bias ? _mm512_maskz_loadu_ps(mask, bias + c0) : _mm512_setzero_ps();
     for (int m = 0; m < MB; ++m) _mm512_mask_storeu_ps(y + (m0 + m) * N + c0, mask, _mm512_add_ps(out[m][j], vb));
   }
@@ -357,8 +354,7 @@ void linear_amx(const uint8_t* qx, int64_t M, int64_t Mpad,
       for (int j = 0; j < 4; ++j) {  // the VNNI loop's epilogue (block_rows)
         const int64_t c0 = n0 + 16 * j;
         if (c0 >= p.N) break;
-        const __mmask16 mask = (p.N - c0) >= 16 ? static_cast<__mmask16>(0xFFFF)
-                                                : static_cast<__mmask16>((1u << (p.N - c0)) - 1);
+        const __mmask16 mask = tail_mask(p.N, c0);
         const __m512 vs = _mm512_maskz_loadu_ps(mask, p.scale + c0);
         const __m512i vsum = _mm512_maskz_loadu_epi32(mask, p.sum + c0);
         const __m512 vb = p.bias ? _mm512_maskz_loadu_ps(mask, p.bias + c0) : _mm512_setzero_ps();
@@ -461,7 +457,7 @@ at::Tensor w4a8_linear(const at::Tensor& x, const at::Tensor& w, const at::Tenso
   return y;
 }
 
-// ---- one Qwen3 decoder layer over w8a8 weights (qwen3_layer) ------------------------------------------------------
+// ---- one Qwen3 decoder layer over w8a8 / w4a8 weights (qwen3_layer) -------------------------------------------------
 
 inline float hsum(__m512 v) { return _mm512_reduce_add_ps(v); }
 
