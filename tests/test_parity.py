@@ -64,6 +64,15 @@ def test_fixtures_cover_the_required_cases():
     assert {c["non_streaming_mode"] for c in CASES.values()} == {True, False}
 
 
+@pytest.mark.parametrize("check", range(len(EXPECTED["tokenizer_checks"])))
+def test_tokenizer_gives_the_official_ids_and_pieces(check):
+    """The chat-wrapped texts the official package tokenized (special tokens, camel case, instructions)."""
+    c = EXPECTED["tokenizer_checks"][check]
+    tok = model("tiny-0b6").tokenizer
+    assert tok(c["text"]) == c["input_ids"]
+    assert [tok._tok.id_to_token(i) for i in c["input_ids"]] == c["pieces"]
+
+
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_tokenizer_and_prompt_match(name):
     case = CASES[name]
