@@ -32,7 +32,7 @@ class FullCache:
 
     def __init__(self, talker: Talker, prefix: int, max_frames: int):
         self.talker, self.prefix = talker, prefix
-        talker.model.setup_cache(prefix + max_frames)
+        talker.model.setup_cache(prefix + max_frames, zeroed=False)  # steps read only the rows written so far
 
     def prefill(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return self.talker(x, 0)
@@ -60,7 +60,7 @@ class RingCache:
 
     def __init__(self, talker: Talker, prefix: int, window: int):
         self.talker, self.prefix, self.window = talker, prefix, window
-        talker.model.setup_cache(prefix + window)  # reuses a bigger cache; only slots [0, L+W) are read
+        talker.model.setup_cache(prefix + window)  # reuses a bigger cache (zeroing slots [0, L+W), all it reads)
 
     def prefill(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return self.talker(x, 0)

@@ -18,11 +18,14 @@ from .layers import RMSNorm, SwiGLU, apply_rope, rope_cos_sin, rope_inv_freq
 class KVCache(nn.Module):
     """Keys and values of one layer: [B, n_kv, max_len, head_dim] each."""
 
-    def __init__(self, batch: int, n_kv: int, max_len: int, head_dim: int, dtype: torch.dtype, device=None):
+    def __init__(
+        self, batch: int, n_kv: int, max_len: int, head_dim: int, dtype: torch.dtype, device=None, zeroed: bool = True
+    ):
         super().__init__()
         shape = (batch, n_kv, max_len, head_dim)
-        self.register_buffer("k", torch.zeros(shape, dtype=dtype, device=device), persistent=False)
-        self.register_buffer("v", torch.zeros(shape, dtype=dtype, device=device), persistent=False)
+        new = torch.zeros if zeroed else torch.empty  # empty: no page is touched (resident) before a row is written
+        self.register_buffer("k", new(shape, dtype=dtype, device=device), persistent=False)
+        self.register_buffer("v", new(shape, dtype=dtype, device=device), persistent=False)
 
     def write(self, start: int, k: torch.Tensor, v: torch.Tensor) -> None:
         """Store k, v [B, n_kv, T, D] in slots start .. start+T-1."""
@@ -141,9 +144,13 @@ class DecoderStack(nn.Module):
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.caches: nn.ModuleList | None = None
 
-    def setup_cache(self, max_len: int, batch: int = 1, dtype: torch.dtype | None = None) -> None:
+    def setup_cache(
+        self, max_len: int, batch: int = 1, dtype: torch.dtype | None = None, zeroed: bool = True
+    ) -> None:
         """Allocate KV buffers for `max_len` positions and the RoPE table (reused if already big enough and of the
-        same batch size and dtype)."""
+        same batch size and dtype). `zeroed=False` is for callers that read only slots they wrote (ar's full
+        cache): the buffers are left unset, so memory becomes resident as rows are written, not for the whole
+        frame cap up front; a zeroed request that reuses such buffers zeroes its first `max_len` slots."""
         p = next(self.layers.parameters())
         dtype = dtype or p.dtype
         c = self.cfg
@@ -153,9 +160,13 @@ class DecoderStack(nn.Module):
             and self.caches[0].k.dtype == dtype
             and self.caches[0].k.shape[0] == batch
         ):
+            if zeroed:
+                for cache in self.caches:
+                    cache.k[:, :, :max_len].zero_()
+                    cache.v[:, :, :max_len].zero_()
             return
         self.caches = nn.ModuleList(
-            KVCache(batch, c.num_key_value_heads, max_len, c.head_dim, dtype, p.device) for _ in self.layers
+            KVCache(batch, c.num_key_value_heads, max_len, c.head_dim, dtype, p.device, zeroed) for _ in self.layers
         )
         inv_freq = rope_inv_freq(c.head_dim, c.rope_theta).to(p.device)
         cos, sin = rope_cos_sin(inv_freq, torch.arange(max_len, device=p.device), dtype)

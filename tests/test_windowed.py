@@ -149,3 +149,38 @@ def test_bench_window_reports_flat_windowed_kv(tmp_path):
     assert out["frames"] == [10, 20, 30, 40] and all(t > 0 for t in w["step_ms"] + a["step_ms"])
     assert w["attn_span"] == [13] * 4 and a["attn_span"] == [15, 25, 35, 45]
     assert len(set(w["kv_bytes"])) == 1 and a["kv_bytes"] == sorted(a["kv_bytes"])
+
+
+def test_ar_reads_only_rows_it_wrote_and_a_ring_reusing_its_cache_zeroes_it(fixture_model):
+    """ar's full cache is allocated unset (memory resident only as rows are written, not for the whole frame cap):
+    NaN in every unwritten slot changes no code; windowed reusing that bigger cache gets its slots zeroed."""
+    m = fixture_model
+    synth, talker = m.synthesizer(), m.tts.talker
+    opts = replace(m.defaults, max_frames=12, seed=3, runaway_guard=False)
+    ar, _, _ = synth.generate_codes(TEXT, opts)
+    win, _, _ = synth.generate_codes(TEXT, replace(opts, mode="windowed", window=4))
+    talker.model.caches = None
+    real_setup = type(talker.model).setup_cache
+
+    def poisoned(self, max_len, batch=1, dtype=None, zeroed=True):
+        fresh = self.caches is None or self.cache_len < max_len
+        real_setup(self, max_len, batch, dtype, zeroed)
+        if fresh and not zeroed:
+            for c in self.caches:
+                c.k.fill_(float("nan"))
+                c.v.fill_(float("nan"))
+
+    mp = pytest.MonkeyPatch()
+    mp.setattr(type(talker.model), "setup_cache", poisoned)
+    try:
+        again, _, _ = synth.generate_codes(TEXT, replace(opts, max_frames=40))  # a bigger cache, NaN beyond each row
+        assert again[:12].tolist() == ar.tolist()
+        assert not torch.isfinite(talker.model.caches[0].k).all()  # rows past the last step are still unset
+        for c in talker.model.caches:  # as if an earlier ar run had stopped before writing any row
+            c.k.fill_(float("nan"))
+            c.v.fill_(float("nan"))
+        win_again, _, _ = synth.generate_codes(TEXT, replace(opts, mode="windowed", window=4))  # reuses it
+        assert win_again.tolist() == win.tolist()
+    finally:
+        mp.undo()
+        talker.model.caches = None
