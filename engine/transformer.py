@@ -26,6 +26,13 @@ class KVCache(nn.Module):
         new = torch.zeros if zeroed else torch.empty  # empty: no page is touched (resident) before a row is written
         self.register_buffer("k", new(shape, dtype=dtype, device=device), persistent=False)
         self.register_buffer("v", new(shape, dtype=dtype, device=device), persistent=False)
+        self.zeroed = zeroed  # False: slots not yet written may hold anything
+
+    def zero_slots(self, n: int) -> None:
+        """Zero slots 0 .. n-1 (in inference mode when the buffers were made in it)."""
+        with torch.inference_mode(self.k.is_inference()):
+            self.k[:, :, :n].zero_()
+            self.v[:, :, :n].zero_()
 
     def write(self, start: int, k: torch.Tensor, v: torch.Tensor) -> None:
         """Store k, v [B, n_kv, T, D] in slots start .. start+T-1."""
@@ -162,8 +169,8 @@ class DecoderStack(nn.Module):
         ):
             if zeroed:
                 for cache in self.caches:
-                    cache.k[:, :, :max_len].zero_()
-                    cache.v[:, :, :max_len].zero_()
+                    if not cache.zeroed:
+                        cache.zero_slots(max_len)
             return
         self.caches = nn.ModuleList(
             KVCache(batch, c.num_key_value_heads, max_len, c.head_dim, dtype, p.device, zeroed) for _ in self.layers
