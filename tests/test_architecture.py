@@ -122,3 +122,29 @@ def test_speaking_imports_no_recipes_exporters_or_benchmarks(tmp_path):
                        timeout=300, cwd=tmp_path)
     assert p.returncode == 0, p.stderr[-2000:]
     assert "BAD []" in p.stdout, p.stdout
+
+
+def test_a_normal_install_carries_every_package_and_the_kernel_sources(tmp_path):
+    """`pip install .` (not -e) ships every package folder of app/, engine/ and models/, the C++ sources the kernels
+    are built from on first use, and the bundled demo model: the wheel is what a normal install unpacks."""
+    import shutil
+    import zipfile
+
+    src = tmp_path / "src"  # a clean copy: an in-tree build would reuse whatever an earlier build left in build/
+    src.mkdir()
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(ROOT / name, src / name)
+    for layer in LAYERS:
+        shutil.copytree(ROOT / layer, src / layer, ignore=shutil.ignore_patterns("__pycache__"))
+    done = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(tmp_path), str(src)],
+        capture_output=True, text=True,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    names = set(zipfile.ZipFile(next(tmp_path.glob("leapvox-*.whl"))).namelist())
+    wanted = [p for layer in LAYERS for p in (ROOT / layer).rglob("*.py") if "__pycache__" not in p.parts]
+    wanted += list((ROOT / "engine" / "kernels").glob("*.cpp"))
+    wanted += [p for p in (ROOT / "models" / "assets").rglob("*") if p.is_file()]
+    assert len(wanted) > 50  # the globs found the tree
+    missing = [str(p.relative_to(ROOT)) for p in wanted if f"leapvox/{p.relative_to(ROOT).as_posix()}" not in names]
+    assert not missing, f"not in the wheel: {missing[:10]}"
