@@ -136,10 +136,8 @@ def test_a_normal_install_carries_every_package_and_the_kernel_sources(tmp_path)
         shutil.copy(ROOT / name, src / name)
     for layer in LAYERS:
         shutil.copytree(ROOT / layer, src / layer, ignore=shutil.ignore_patterns("__pycache__"))
-    done = subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(tmp_path), str(src)],
-        capture_output=True, text=True,
-    )
+    wheel = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(tmp_path)]
+    done = subprocess.run([*wheel, str(src)], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-2000:]
     names = set(zipfile.ZipFile(next(tmp_path.glob("leapvox-*.whl"))).namelist())
     wanted = [p for layer in LAYERS for p in (ROOT / layer).rglob("*.py") if "__pycache__" not in p.parts]
