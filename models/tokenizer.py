@@ -56,7 +56,10 @@ class TextTokenizer:
         tok.add_special_tokens([AddedToken(END_OF_TEXT, special=True, normalized=False)])
         for tid, (content, special) in sorted(added.items()):
             token = AddedToken(content, special=special, normalized=False)
-            tok.add_special_tokens([token]) if special else tok.add_tokens([token])
+            if special:
+                tok.add_special_tokens([token])
+            else:
+                tok.add_tokens([token])
             got = tok.token_to_id(content)
             if got != tid:
                 raise CheckpointError(
