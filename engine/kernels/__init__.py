@@ -51,7 +51,8 @@ def cache_dir() -> Path:
     return Path(root) / "leapvox" / "kernels"
 
 
-def _cpu_flags() -> set[str]:
+def cpu_flags() -> set[str]:
+    """This CPU's feature flags as Linux reports them (/proc/cpuinfo); empty elsewhere."""
     try:
         with open("/proc/cpuinfo") as f:
             line = next((x for x in f if x.startswith("flags")), "")
@@ -60,15 +61,10 @@ def _cpu_flags() -> set[str]:
     return set(line.split(":", 1)[-1].split())
 
 
-def cpu_flags() -> set[str]:
-    """This CPU's feature flags as Linux reports them (/proc/cpuinfo); empty elsewhere."""
-    return _cpu_flags()
-
-
 def bf16_products() -> bool:
     """Whether this CPU multiplies bf16 in hardware (AVX512-BF16 or AMX-BF16, read from Linux's /proc/cpuinfo), so
     oneDNN's bf16 convolutions beat fp32 ones (measured in tests/benchmarks/README.md); elsewhere False."""
-    flags = _cpu_flags()
+    flags = cpu_flags()
     return "avx512_bf16" in flags or "amx_bf16" in flags
 
 
@@ -82,7 +78,7 @@ def _static_reason() -> str | None:
         return f"turned off ({ENV_SWITCH}=0)"
     if sys.platform != "linux" or platform.machine().lower() not in ("x86_64", "amd64"):
         return f"written for x86-64 Linux (this is {sys.platform} {platform.machine()})"
-    missing = {"avx512f", "avx512bw", "avx512vl", "avx512_vnni"} - _cpu_flags()
+    missing = {"avx512f", "avx512bw", "avx512vl", "avx512_vnni"} - cpu_flags()
     if missing:
         return f"this CPU lacks {', '.join(sorted(missing))}"
     if _compiler() is None:

@@ -17,15 +17,6 @@ import sys
 from pathlib import Path
 
 
-def _status() -> dict:
-    out = {}
-    for line in Path("/proc/self/status").read_text().splitlines():
-        key = line.split(":")[0]
-        if key in ("VmHWM", "VmRSS"):
-            out["peak_mib" if key == "VmHWM" else "rss_mib"] = int(line.split()[1]) // 1024
-    return out
-
-
 def worker(weights: str, cap: int, frames: int, threads: int) -> dict:
     from dataclasses import replace
 
@@ -33,7 +24,7 @@ def worker(weights: str, cap: int, frames: int, threads: int) -> dict:
 
     from leapvox.models.load import load_model
 
-    from .bench import TEXT, checkpoint_for
+    from .bench import TEXT, checkpoint_for, rss_mb
 
     torch.set_num_threads(threads)
     model = load_model(checkpoint_for("0.6b"), weights=weights)
@@ -43,7 +34,8 @@ def worker(weights: str, cap: int, frames: int, threads: int) -> dict:
         spoken += chunk.codes.shape[0]
         if spoken >= frames:
             break
-    return {"cap": cap, "frames": spoken, **_status()}
+    mem = rss_mb()
+    return {"cap": cap, "frames": spoken, "peak_mib": round(mem["peak_rss_mb"]), "rss_mib": round(mem["rss_mb"])}
 
 
 def main(argv: list[str] | None = None) -> int:
