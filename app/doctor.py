@@ -146,6 +146,7 @@ def probe_formats(formats: list[str], budget_s: float = 0.06) -> dict:
         "default": DEFAULT_WEIGHTS,  # what --weights uses when not given
         "default_here": resolve_weights(DEFAULT_WEIGHTS),  # the format that default is on this machine
         "w8a8_kernel": kernels.describe(),  # leapvox's compiled kernel, or torch's and why
+        "w8a8_kernel_hint": kernels.hint(),
     }
     if not_probed:
         out["not_probed"] = not_probed
@@ -416,6 +417,8 @@ def render(r: dict) -> str:
     more(f"(a quick probe, not a benchmark: {p['shape']} per call: {timings})")
     if p.get("w8a8_kernel"):
         more(f"w8a8 runs on {p['w8a8_kernel']}")
+    if p.get("w8a8_kernel_hint"):
+        more(f"hint: {p['w8a8_kernel_hint']}")
     block("backends", [f"{name:<7} {'ready' if b['ready'] else 'no'}: {b['detail']}"
                        for name, b in r["backends"].items()])
     a = r["audio"]

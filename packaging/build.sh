@@ -5,7 +5,8 @@
 #
 # One command: it makes an isolated build environment (<repo>/build/bundle-venv, recreated each time), installs the
 # CPU build of torch, leapvox itself (a normal, non-editable install of this checkout) and PyInstaller into it,
-# then runs packaging/leapvox.spec. coremltools goes in on macOS only.
+# builds leapvox's CPU kernels into it (x86-64 Linux; needs a C++ compiler here, not on the machines that run the
+# bundle), then runs packaging/leapvox.spec. coremltools goes in on macOS only.
 #
 # Environment:
 #   PYTHON               the Python to build with (default python3; >= 3.10). The bundle uses this Python version.
@@ -63,6 +64,14 @@ if [ ! -f "$REPO/models/assets/demo/config.json" ]; then
 fi
 command -v espeak-ng >/dev/null || echo "build.sh: note: espeak-ng is not installed here; the demo model needs it" \
   "at run time (it is a separate program, never bundled)" >&2
+
+if [ "$(uname -s)" = Linux ] && [ "$(uname -m)" = x86_64 ]; then
+  # The bundle has no compiler or torch headers to build leapvox's CPU kernels where it runs: build them here (a
+  # C++ compiler on this machine; not its CPU features) into the installed package, which the spec collects.
+  step "leapvox's CPU kernels, prebuilt for the bundle"
+  "$VPY" -m leapvox.engine.kernels prebuild >&2 \
+    || echo "build.sh: note: the bundle will run w8a8 on torch's kernels (about 1.6x slower) and offer no w4a8" >&2
+fi
 
 step "PyInstaller (one-folder bundle)"
 rm -rf "$REPO/dist/leapvox"

@@ -7,6 +7,7 @@ import contextlib
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -145,13 +146,80 @@ def test_a_failing_build_falls_back_and_leaves_nothing(tmp_path):
     if kernels._static_reason() is not None:
         pytest.skip(f"the kernel is not built on this machine at all ({kernels._static_reason()})")
     env = dict(os.environ, CXX="false", XDG_CACHE_HOME=str(tmp_path))  # `false`: a "compiler" that fails at once
-    code = "from leapvox.engine import kernels; print(kernels.w8a8_op() is None); print(kernels.unavailable_reason())"
+    code = (f"from leapvox.engine import kernels; kernels.PREBUILT_DIR = kernels.Path({str(tmp_path / 'none')!r}); "
+            "print(kernels.w8a8_op() is None); print(kernels.unavailable_reason())")
     r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     none, reason = r.stdout.splitlines()
     assert none == "True" and reason.startswith("the build failed")
     folder = tmp_path / "leapvox" / "kernels"
     assert folder.is_dir() and not any(folder.iterdir())  # no library, no half-written part file
+
+
+def _without_a_compiler(prebuilt: Path, cache: Path) -> list[str]:
+    """In a fresh process with no C++ compiler and an empty build cache, looking in `prebuilt`: describe(), whether
+    w8a8 and w4a8 run on leapvox's kernels, and unavailable_reason()."""
+    code = (f"from leapvox.engine import kernels; kernels.PREBUILT_DIR = kernels.Path({str(prebuilt)!r}); "
+            "kernels._compiler = lambda: None; print(kernels.describe()); print(kernels.w8a8_op() is not None); "
+            "print(kernels.w4a8_op() is not None); print(kernels.unavailable_reason())")
+    r = subprocess.run([sys.executable, "-c", code], env=dict(os.environ, XDG_CACHE_HOME=str(cache)),
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert not any(cache.rglob("*.so")), "nothing may be built without a compiler"
+    return r.stdout.splitlines()
+
+
+def test_a_prebuilt_library_runs_without_a_compiler(op, tmp_path):
+    """`python -m leapvox.engine.kernels prebuild` (what packaging/build.sh runs for the bundle) places a library
+    that a process with no compiler and no build cache loads, checks and uses."""
+    out = tmp_path / "prebuilt"
+    r = subprocess.run([sys.executable, "-m", "leapvox.engine.kernels", "prebuild", "--out", str(out)],
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr
+    lib = Path(r.stdout.strip())
+    assert lib.parent == out and lib.name == kernels._prebuilt_name() and lib.stat().st_mode & 0o777 == 0o644
+    assert [p.name for p in out.iterdir()] == [lib.name]  # no part file left
+    described, w8a8, w4a8, reason = _without_a_compiler(out, tmp_path / "cache")
+    assert described.startswith("leapvox AVX-512 VNNI kernel (prebuilt")
+    assert (w8a8, w4a8, reason) == ("True", "True", "None")
+
+
+def test_a_prebuilt_library_for_other_sources_or_broken_is_not_used(op, tmp_path):
+    """Only the name made from these sources and this torch is looked at, and a library that does not load falls
+    back to torch's kernels with a reason."""
+    out = tmp_path / "prebuilt"
+    out.mkdir()
+    stale = kernels.prebuild(out).rename(out / "leapvox-0123456789abcdef.so")  # a real library, another name
+    described, w8a8, _, reason = _without_a_compiler(out, tmp_path / "cache1")
+    assert described.startswith("torch's") and w8a8 == "False" and reason.startswith("no C++ compiler")
+    stale.unlink()
+    (out / kernels._prebuilt_name()).write_bytes(b"not a library")
+    described, w8a8, _, reason = _without_a_compiler(out, tmp_path / "cache2")
+    assert described.startswith("torch's") and w8a8 == "False" and reason.startswith("it could not be loaded")
+
+
+def test_doctor_hints_at_a_compiler_only_where_that_is_what_is_missing(fresh_state, monkeypatch):
+    monkeypatch.setattr(kernels, "PREBUILT_DIR", fresh_state / "none")
+    monkeypatch.setattr(kernels, "_compiler", lambda: None)
+    if {"avx512f", "avx512bw", "avx512vl", "avx512_vnni"} <= kernels.cpu_flags() and sys.platform == "linux":
+        assert "apt install g++" in kernels.hint()  # the only thing missing here is the compiler
+    else:
+        assert kernels.hint() is None  # a compiler would not help on this CPU
+    monkeypatch.setenv(kernels.ENV_SWITCH, "0")
+    monkeypatch.setattr(kernels, "_STATE", {})
+    assert kernels.hint() is None  # turned off on purpose
+
+
+def test_prebuild_without_a_compiler_says_so(monkeypatch, tmp_path, capsys):
+    from leapvox.engine.kernels.__main__ import main
+
+    monkeypatch.setattr(kernels, "_compiler", lambda: None)
+    monkeypatch.setattr(kernels.sys, "platform", "linux")
+    monkeypatch.setattr(kernels.platform, "machine", lambda: "x86_64")
+    assert main(["prebuild", "--out", str(tmp_path / "out")]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err == "leapvox: cannot build the kernels here: no C++ compiler (c++, g++ or clang++; or set CXX)"
+    assert not (tmp_path / "out").exists()
 
 
 # ---- w4a8: 4-bit weights in groups of 64, 8-bit activations per row and group -------------------------------------

@@ -16,6 +16,11 @@ a CPU without AVX-512 VNNI, no C++ compiler (`c++`, or $CXX), no torch headers, 
 self-check that failed (`unavailable_reason()` says which; `leapvox doctor` prints it). The build runs once per
 torch version and source (about 15-30 s), prints one line, and is cached under ~/.cache/leapvox/kernels
 ($XDG_CACHE_HOME respected), written atomically so concurrent first runs cannot load half a library.
+
+A library prebuilt for exactly these sources and this torch version (`python -m leapvox.engine.kernels prebuild`,
+which packaging/build.sh runs so the standalone bundle, which has no compiler or torch headers, gets the kernels
+too) is taken from `prebuilt/` next to this file before anything is built; one made for other sources or another
+torch is not looked at (its name carries both).
 """
 
 from __future__ import annotations
@@ -38,6 +43,7 @@ SOURCES = [Path(__file__).with_name(name) for name in ("w8a8.cpp", "codec.cpp")]
 COLS, K_GROUP = 64, 4  # the packed layout: blocks of 64 weight rows (output columns), 4 input features at a time
 ISA_FLAGS = ("-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni")
 ENV_SWITCH = "LEAPVOX_KERNELS"  # "0": never build or load (torch's kernels only)
+PREBUILT_DIR = Path(__file__).with_name("prebuilt")  # libraries made ahead of time (prebuild), e.g. in the bundle
 
 _STATE: dict[str, object] = {}
 
@@ -81,6 +87,13 @@ def _static_reason() -> str | None:
     missing = {"avx512f", "avx512bw", "avx512vl", "avx512_vnni"} - cpu_flags()
     if missing:
         return f"this CPU lacks {', '.join(sorted(missing))}"
+    if prebuilt_library() is not None:
+        return None
+    return _build_reason()
+
+
+def _build_reason() -> str | None:
+    """Why the library cannot be built here (no compiler, no torch headers), or None."""
     if _compiler() is None:
         return "no C++ compiler (c++, g++ or clang++; or set CXX)"
     if not (Path(torch.__file__).parent / "include" / "torch" / "library.h").is_file():
@@ -96,6 +109,48 @@ def _build_command(cxx: str, out: Path) -> list[str]:
         "-w", f"-I{root / 'include'}", f"-I{root / 'include' / 'torch' / 'csrc' / 'api' / 'include'}",
         *map(str, SOURCES), "-o", str(out), f"-L{root / 'lib'}", f"-Wl,-rpath,{root / 'lib'}", "-lc10", "-ltorch_cpu",
     ]  # -fopenmp links torch's own libgomp (its lib/ comes first): one OpenMP runtime in the process
+
+
+def _prebuilt_name() -> str:
+    """The file name a prebuilt library has for these sources, this torch and these ISA flags (no compiler: any
+    compiler's build of the same sources against the same torch headers is the same library to its users)."""
+    key = hashlib.sha256(b"".join(s.read_bytes() for s in SOURCES) + torch.__version__.encode()
+                         + " ".join(ISA_FLAGS).encode()).hexdigest()[:16]
+    return f"leapvox-{key}.so"
+
+
+def prebuilt_library() -> Path | None:
+    """The prebuilt library for these sources and this torch in PREBUILT_DIR, or None (also where the sources that
+    name it are not installed)."""
+    try:
+        lib = PREBUILT_DIR / _prebuilt_name()
+    except OSError:
+        return None
+    return lib if lib.is_file() else None
+
+
+def prebuild(out: Path | None = None) -> Path:
+    """Build the library here (or take this machine's cached build) and place it in `out` (default PREBUILT_DIR)
+    under the name that prebuilt_library() looks for; written atomically. Needs x86-64 Linux, a C++ compiler and
+    torch's headers, not the CPU features (the library checks those where it runs). Raises RuntimeError."""
+    if sys.platform != "linux" or platform.machine().lower() not in ("x86_64", "amd64"):
+        raise RuntimeError(f"the kernels are written for x86-64 Linux (this is {sys.platform} {platform.machine()})")
+    why = _build_reason()
+    if why is not None:
+        raise RuntimeError(f"cannot build the kernels here: {why}")
+    folder = PREBUILT_DIR if out is None else Path(out)
+    folder.mkdir(parents=True, exist_ok=True)
+    dest = folder / _prebuilt_name()
+    fd, tmp = tempfile.mkstemp(suffix=".so.part", dir=folder)
+    os.close(fd)
+    try:
+        shutil.copyfile(_library(), tmp)
+        os.chmod(tmp, 0o644)  # mkstemp makes it private; a bundle's library is read by whoever runs the bundle
+        os.replace(tmp, dest)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return dest
 
 
 def _library() -> Path:
@@ -224,7 +279,9 @@ def w8a8_op() -> Callable | None:
         if reason is None:
             try:
                 if not hasattr(torch.ops.leapvox_kernels, "w8a8_linear"):
-                    torch.ops.load_library(str(_library()))
+                    prebuilt = prebuilt_library()
+                    torch.ops.load_library(str(prebuilt or _library()))
+                    _STATE["prebuilt"] = prebuilt is not None
                 op = torch.ops.leapvox_kernels.w8a8_linear
                 reason = _self_check(op)
             except Exception as e:  # no compiler output we can use, a loader error: torch's kernels then
@@ -308,7 +365,16 @@ def describe() -> str:
     why = unavailable_reason()
     if why is not None:
         return f"torch's FBGEMM/QNNPACK ({why})"
-    return "leapvox AVX-512 VNNI kernel (built here" + ("; AMX-INT8 tiles for 5+ rows)" if amx_enabled() else ")")
+    where = "prebuilt" if _STATE.get("prebuilt") else "built here"
+    return f"leapvox AVX-512 VNNI kernel ({where}" + ("; AMX-INT8 tiles for 5+ rows)" if amx_enabled() else ")")
+
+
+def hint() -> str | None:
+    """What would give leapvox's kernel here, where only a missing compiler stands in the way; else None."""
+    if unavailable_reason() != _build_reason() or _compiler() is not None:
+        return None
+    return ("install a C++ compiler (Debian/Ubuntu: apt install g++) and leapvox builds its kernel on the next run, "
+            "once: w8a8 speaks ~1.6x faster with it (tests/benchmarks/README.md)")
 
 
 @contextlib.contextmanager

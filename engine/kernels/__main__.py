@@ -1,0 +1,29 @@
+"""`python -m leapvox.engine.kernels prebuild [--out DIR]`: build leapvox's CPU kernels now and place them where a
+later run finds them without a compiler (packaging/build.sh does this for the standalone bundle)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from . import PREBUILT_DIR, prebuild
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m leapvox.engine.kernels", description=__doc__.split("\n\n")[0])
+    sub = p.add_subparsers(dest="command", required=True)
+    pre = sub.add_parser("prebuild", help="build the kernels for this torch and place them in a folder")
+    pre.add_argument("--out", type=Path, default=PREBUILT_DIR, help=f"the folder (default {PREBUILT_DIR})")
+    args = p.parse_args(argv)
+    try:
+        lib = prebuild(args.out)
+    except RuntimeError as e:
+        print(f"leapvox: {e}", file=sys.stderr)
+        return 1
+    print(lib)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
