@@ -4,8 +4,8 @@
 #   bash packaging/smoke.sh dist/leapvox
 #
 # Runs the bundled executable: --version, models list, doctor (and that w8a8 uses the prebuilt kernels where the
-# bundle has them and the CPU runs them), speak a sentence to a WAV (checked: 24 kHz mono
-# 16-bit, long enough, not silent), then the TUI in a pseudo-terminal until the model is loaded, and quits it
+# bundle has them and the CPU runs them), speak a sentence to a WAV (checked: 24 kHz mono 16-bit, long enough,
+# not silent), then the TUI in a pseudo-terminal until the model is loaded, and quits it
 # with Ctrl+Q. The model is the bundled demo model; without one (models/assets/demo/ not there at build time)
 # set LEAPVOX_MODEL to a small checkpoint folder. Needs python3 on the host (WAV check, pseudo-terminal) and, for
 # the demo model, espeak-ng. Nothing outside a temporary folder is written; HF_HUB_OFFLINE=1 throughout.
