@@ -222,6 +222,19 @@ def test_prebuild_without_a_compiler_says_so(monkeypatch, tmp_path, capsys):
     assert not (tmp_path / "out").exists()
 
 
+def test_prebuild_into_a_folder_it_cannot_make_says_so(monkeypatch, tmp_path, capsys):
+    from leapvox.engine.kernels.__main__ import main
+
+    monkeypatch.setattr(kernels, "_build_reason", lambda: None)  # as if it could build (it fails before building)
+    monkeypatch.setattr(kernels.sys, "platform", "linux")
+    monkeypatch.setattr(kernels.platform, "machine", lambda: "x86_64")
+    (tmp_path / "a-file").write_text("")
+    assert main(["prebuild", "--out", str(tmp_path / "a-file" / "prebuilt")]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"leapvox: cannot write the library into {tmp_path / 'a-file' / 'prebuilt'}: ")
+    assert err.endswith("choose a writable folder with --out") and "\n" not in err
+
+
 # ---- w4a8: 4-bit weights in groups of 64, 8-bit activations per row and group -------------------------------------
 
 

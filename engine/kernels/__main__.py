@@ -21,6 +21,11 @@ def main(argv: list[str] | None = None) -> int:
     except RuntimeError as e:
         print(f"leapvox: {e}", file=sys.stderr)
         return 1
+    except OSError as e:  # the folder cannot be written (a system-wide install): say where it could go
+        why = e.strerror or e
+        print(f"leapvox: cannot write the library into {args.out}: {why}; choose a writable folder with --out",
+              file=sys.stderr)
+        return 1
     print(lib)
     return 0
 
