@@ -198,6 +198,18 @@ def test_a_prebuilt_library_for_other_sources_or_broken_is_not_used(op, tmp_path
     assert described.startswith("torch's") and w8a8 == "False" and reason.startswith("it could not be loaded")
 
 
+def test_a_broken_prebuilt_library_is_built_afresh_where_a_compiler_is(op, tmp_path):
+    out = tmp_path / "prebuilt"
+    out.mkdir()
+    (out / kernels._prebuilt_name()).write_bytes(b"not a library")
+    code = (f"from leapvox.engine import kernels; kernels.PREBUILT_DIR = kernels.Path({str(out)!r}); "
+            "print(kernels.describe())")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)  # the build cache
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("leapvox AVX-512 VNNI kernel (built here")
+    assert "the prebuilt kernel library did not load" in r.stderr
+
+
 def test_doctor_hints_at_a_compiler_only_where_that_is_what_is_missing(fresh_state, monkeypatch):
     monkeypatch.setattr(kernels, "PREBUILT_DIR", fresh_state / "none")
     monkeypatch.setattr(kernels, "_compiler", lambda: None)

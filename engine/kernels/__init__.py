@@ -270,6 +270,22 @@ def _self_check(op: Callable) -> str | None:
     return None
 
 
+def _load_prebuilt() -> bool:
+    """Load the prebuilt library if there is one; False if there is none, or it does not load and one can be built
+    here instead (the loader's error is raised where none can)."""
+    lib = prebuilt_library()
+    if lib is None:
+        return False
+    try:
+        torch.ops.load_library(str(lib))
+    except OSError as e:  # the loader refused it (an older C library than it was built for, a damaged file)
+        if _build_reason() is not None:
+            raise
+        notice(f"the prebuilt kernel library did not load ({str(e)[:120]}); building one for this machine instead")
+        return False
+    return True
+
+
 def w8a8_op() -> Callable | None:
     """torch.ops.leapvox_kernels.w8a8_linear(x fp32 [M, K], packed int8, scales fp32 [N], row sums int32 [N],
     bias fp32 [N] or None) -> fp32 [M, N], or None where it is unavailable (unavailable_reason says why).
@@ -279,9 +295,9 @@ def w8a8_op() -> Callable | None:
         if reason is None:
             try:
                 if not hasattr(torch.ops.leapvox_kernels, "w8a8_linear"):
-                    prebuilt = prebuilt_library()
-                    torch.ops.load_library(str(prebuilt or _library()))
-                    _STATE["prebuilt"] = prebuilt is not None
+                    _STATE["prebuilt"] = _load_prebuilt()
+                    if not _STATE["prebuilt"]:
+                        torch.ops.load_library(str(_library()))
                 op = torch.ops.leapvox_kernels.w8a8_linear
                 reason = _self_check(op)
             except Exception as e:  # no compiler output we can use, a loader error: torch's kernels then
