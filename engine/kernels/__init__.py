@@ -20,7 +20,7 @@ torch version and source (about 15-30 s), prints one line, and is cached under ~
 A library prebuilt for exactly these sources and this torch version (`python -m leapvox.engine.kernels prebuild`,
 which packaging/build.sh runs so the standalone bundle, which has no compiler or torch headers, gets the kernels
 too) is taken from `prebuilt/` next to this file before anything is built; one made for other sources or another
-torch is not looked at (its name carries both).
+torch is not looked at (its name carries both), and one the loader refuses is built afresh where a compiler is.
 """
 
 from __future__ import annotations
