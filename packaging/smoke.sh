@@ -4,9 +4,9 @@
 #   bash packaging/smoke.sh dist/leapvox
 #
 # Runs the bundled executable: --version, models list, doctor (and that w8a8 uses the prebuilt kernels where the
-# bundle has them and the CPU runs them), no second copy of torch's libraries, speak a sentence to a WAV (checked: 24 kHz mono 16-bit, long enough,
-# not silent), then the TUI in a pseudo-terminal until the model is loaded, and quits it
-# with Ctrl+Q. The model is the bundled demo model; without one (models/assets/demo/ not there at build time)
+# bundle has them and the CPU runs them), no second copy of torch's libraries, speak a sentence to a WAV (checked:
+# 24 kHz mono 16-bit, long enough, not silent), then the TUI in a pseudo-terminal until the model is loaded, and
+# quits it with Ctrl+Q. The model is the bundled demo model; without one (models/assets/demo/ not there at build time)
 # set LEAPVOX_MODEL to a small checkpoint folder. Needs python3 on the host (WAV check, pseudo-terminal) and, for
 # the demo model, espeak-ng. Nothing outside a temporary folder is written; HF_HUB_OFFLINE=1 throughout.
 set -euo pipefail
@@ -14,6 +14,7 @@ set -euo pipefail
 DIST="${1:?usage: smoke.sh DIST (the bundle folder, e.g. dist/leapvox)}"
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 EXE="$(cd "$DIST" && pwd)/leapvox"
+INTERNAL="$(cd "$DIST" && pwd)/_internal"
 [ -x "$EXE" ] || { echo "smoke: no executable $EXE (build it: bash packaging/build.sh)" >&2; exit 2; }
 
 WORK="$(mktemp -d)"
@@ -48,14 +49,12 @@ cat "$WORK/doctor.txt" >&2
 flags=" $(grep -m1 '^flags' /proc/cpuinfo 2>/dev/null | cut -d: -f2) "
 runs_kernels=1
 for f in avx512f avx512bw avx512vl avx512_vnni; do [[ "$flags" == *" $f "* ]] || runs_kernels=0; done
-if [ "$runs_kernels" = 1 ] && compgen -G "$(dirname "$EXE")/_internal/leapvox/engine/kernels/prebuilt/*.so" >/dev/null
-then
+if [ "$runs_kernels" = 1 ] && compgen -G "$INTERNAL/leapvox/engine/kernels/prebuilt/*.so" >/dev/null; then
   grep -q "w8a8 runs on leapvox AVX-512 VNNI kernel (prebuilt" "$WORK/doctor.txt" \
     || fail "the bundle has prebuilt kernels and this CPU runs them, but doctor says w8a8 does not use them"
 fi
 
 step "no second copy of torch's libraries"
-INTERNAL="$(dirname "$EXE")/_internal"
 for lib in "$INTERNAL"/torch/lib/*.so*; do
   [ ! -e "$INTERNAL/$(basename "$lib")" ] || fail "_internal/$(basename "$lib") duplicates torch/lib/$(basename "$lib")"
 done
