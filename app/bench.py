@@ -146,9 +146,10 @@ def cmd_bench(args) -> int:
     if args.weights is None:  # every format: those this machine cannot run are left out, with the reason
         from leapvox.engine.quant import format_unavailable_reason
 
-        for w in [w for w in weights if format_unavailable_reason(w)]:
-            tell(f"leaving out {w}: {format_unavailable_reason(w)}")
-            weights.remove(w)
+        for w in list(weights):
+            if why := format_unavailable_reason(w):
+                tell(f"leaving out {w}: {why}")
+                weights.remove(w)
     models = {}
     for w in weights:
         tell(f"loading {name} ({w})")

@@ -111,12 +111,16 @@ def _build_command(cxx: str, out: Path) -> list[str]:
     ]  # -fopenmp links torch's own libgomp (its lib/ comes first): one OpenMP runtime in the process
 
 
+def _library_key(compiler: str = "") -> str:
+    """A hash of the kernel sources, this torch version, `compiler` (its --version text, or none) and the ISA flags."""
+    return hashlib.sha256(b"".join(s.read_bytes() for s in SOURCES) + torch.__version__.encode() + compiler.encode()
+                          + " ".join(ISA_FLAGS).encode()).hexdigest()[:16]
+
+
 def _prebuilt_name() -> str:
     """The file name a prebuilt library has for these sources, this torch and these ISA flags (no compiler: any
     compiler's build of the same sources against the same torch headers is the same library to its users)."""
-    key = hashlib.sha256(b"".join(s.read_bytes() for s in SOURCES) + torch.__version__.encode()
-                         + " ".join(ISA_FLAGS).encode()).hexdigest()[:16]
-    return f"leapvox-{key}.so"
+    return f"leapvox-{_library_key()}.so"
 
 
 def prebuilt_library() -> Path | None:
@@ -157,10 +161,8 @@ def _library() -> Path:
     """The built library for this source, torch and compiler (built now if it is not in the cache)."""
     cxx = _compiler()
     version = subprocess.run([cxx, "--version"], capture_output=True, text=True, timeout=30).stdout
-    key = hashlib.sha256(b"".join(s.read_bytes() for s in SOURCES) + torch.__version__.encode() + version.encode()
-                         + " ".join(ISA_FLAGS).encode()).hexdigest()[:16]
     folder = cache_dir()
-    lib = folder / f"leapvox-{key}.so"
+    lib = folder / f"leapvox-{_library_key(version)}.so"
     if lib.is_file():
         return lib
     folder.mkdir(parents=True, exist_ok=True)
