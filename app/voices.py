@@ -1,9 +1,11 @@
 """`leapvox voices add/list/show/rm`: cloned voices of a Base model, encoded once and saved (models/voices.py); and
 reading a reference clip for `voices add` and `speak --ref-audio`.
 
-A reference clip: any file soundfile reads (wav, flac, ogg, mp3), any sample rate (resampled to 24 kHz by soxr, the
-resampler the official package uses through librosa), stereo mixed down, leading and trailing silence trimmed, the
-level normalised, then 0.5 s of silence appended (without it the clip's last phoneme bleeds into the speech).
+A reference clip: any file soundfile reads (wav, flac, ogg, mp3), any sample rate, read as the official package
+reads the same file (librosa.load, then librosa.resample), bit for bit: channels averaged, resampled to 24 kHz by
+soxr's HQ setting on the float32 samples and cut or zero-padded to ceil(n * 24000 / rate) samples, nothing else.
+--ref-clean also trims leading and trailing silence, levels the speech and appends 0.5 s of silence (leapvox's
+earlier processing: the voice then differs from the official one).
 """
 
 from __future__ import annotations
@@ -15,11 +17,15 @@ from pathlib import Path
 from .common import EXIT_OK, UsageError, model_args, quiet_or, require_model, say, tell
 
 SAMPLE_RATE = 24000
-MIN_S, MAX_S = 1.0, 30.0  # speech in a clip after trimming
-TAIL_S = 0.5  # silence appended
+MIN_S, MAX_S = 1.0, 30.0  # the clip's length (with --ref-clean: of its sound, after trimming)
 SILENT_DBFS = -60.0  # a clip whose loudest 20 ms is below this is silence
-TRIM_DB = 40.0  # trimmed: leading/trailing 20 ms frames this far below the loudest frame
-TARGET_DBFS, PEAK = -20.0, 0.95  # level: RMS of the speech, but no sample above PEAK
+TAIL_S = 0.5  # --ref-clean: silence appended
+TRIM_DB = 40.0  # --ref-clean: leading/trailing 20 ms frames this far below the loudest frame are trimmed
+TARGET_DBFS, PEAK = -20.0, 0.95  # --ref-clean: level, the RMS of the speech, but no sample above PEAK
+CLEAN_HELP = (f"trim the clip's leading and trailing silence (20 ms frames {TRIM_DB:g} dB below the loudest), level it "
+              f"to {TARGET_DBFS:g} dBFS RMS (peaks at most {PEAK:g}) and append {TAIL_S:g} s of silence before "
+              "encoding; by default the clip is used as the official package uses it: channels averaged, resampled to "
+              "24 kHz, nothing else")
 
 
 def add_commands(sub) -> None:
@@ -39,6 +45,7 @@ def add_commands(sub) -> None:
     a.add_argument("name", help="voice name: letters, digits, '-' and '_'")
     a.add_argument("clip", type=Path, help=f"reference audio (wav, flac, ogg, mp3), {MIN_S:g}-{MAX_S:g} s of speech")
     a.add_argument("--text", help="what the clip says (ICL voice, closest to the clip); omit for x-vector only")
+    a.add_argument("--ref-clean", action="store_true", help=CLEAN_HELP)
     a.add_argument("--force", action="store_true", help="replace a voice of the same name")
     model_args(a)
     a.add_argument("-q", "--quiet", action="store_true", help="print nothing but errors")
@@ -70,9 +77,10 @@ def _no_action(parser) -> int:
 # ---- reference audio ----------------------------------------------------------------------------------------------
 
 
-def read_reference(path: Path):
-    """The clip at `path` prepared for cloning: float32 torch tensor [N] at 24 kHz (see the module docstring).
-    A UsageError (exit 2) for an unreadable, empty, silent, too short or too long clip."""
+def read_reference(path: Path, clean: bool = False):
+    """The clip at `path` as the official package reads it: float32 torch tensor [N] at 24 kHz (module docstring);
+    `clean`: --ref-clean's processing too. A UsageError (exit 2) for an unreadable, empty, non-finite, silent, too
+    short or too long clip (without `clean`, the whole clip's length counts: it is all the model gets)."""
     import numpy as np
     import soundfile as sf
     import torch
@@ -81,48 +89,69 @@ def read_reference(path: Path):
         raise UsageError(f"cannot read the reference clip {path}: " + ("it is a folder" if path.is_dir() else
                          "no such file"))
     try:
-        audio, sr = sf.read(str(path), dtype="float32", always_2d=True)  # [n, channels]
+        audio, sr = sf.read(str(path), dtype="float32", always_2d=False)  # [n] or [n, channels]
     except Exception as e:  # soundfile raises LibsndfileError / RuntimeError / TypeError for what it cannot read
         raise UsageError(f"cannot read the reference clip {path}: {str(e).splitlines()[0] if str(e) else e}",
                          hint="give a wav, flac, ogg or mp3 file") from None
+    if audio.ndim > 1:
+        audio = np.mean(audio.T, axis=0)  # librosa.to_mono: the channels-first mean, summed in the same order
     if audio.shape[0] == 0:
         raise UsageError(f"the reference clip {path} is empty", hint=f"give {MIN_S:g}-{MAX_S:g} s of speech")
-    wav = audio.mean(axis=1) if audio.shape[1] > 1 else audio[:, 0]
-    wav = np.nan_to_num(wav.astype(np.float64), nan=0.0, posinf=0.0, neginf=0.0)
-    if sr != SAMPLE_RATE:
-        wav = resample(wav, sr, SAMPLE_RATE)
-    wav = trim_and_level(wav, path)
-    wav = np.concatenate([wav, np.zeros(int(TAIL_S * SAMPLE_RATE))])
-    return torch.from_numpy(wav.astype(np.float32))
+    if not np.isfinite(audio).all():
+        raise UsageError(f"the reference clip {path} holds NaN or infinite samples",
+                         hint="export it again, e.g. as 16-bit PCM")
+    seconds = audio.shape[0] / sr
+    if not clean and not MIN_S <= seconds <= MAX_S:
+        raise UsageError(f"the reference clip {path} lasts {seconds:.1f} s; it must last {MIN_S:g} to {MAX_S:g} s",
+                         hint="about 3-10 s of clear speech clones best" + (
+                             "; --ref-clean trims leading and trailing silence" if seconds > MAX_S else ""))
+    loudest = float(frame_dbfs(audio, max(1, sr // 50)).max())
+    if loudest < SILENT_DBFS:
+        raise UsageError(f"the reference clip {path} is silent (loudest 20 ms at {loudest:.0f} dBFS)",
+                         hint="record a few seconds of clear speech")
+    wav = resample(audio, sr, SAMPLE_RATE)
+    if clean:
+        wav = np.concatenate([trim_and_level(wav, path), np.zeros(int(TAIL_S * SAMPLE_RATE), np.float32)])
+    return torch.from_numpy(wav)
 
 
 def resample(wav, sr_in: int, sr_out: int):
-    """soxr's high-quality setting (what librosa.resample, and so the official package, uses by default)."""
+    """librosa.resample's default, which the official package calls: soxr's HQ setting on the float32 samples, the
+    result cut or zero-padded to ceil(n * sr_out / sr_in) samples."""
+    import numpy as np
     import soxr
 
-    return soxr.resample(wav, sr_in, sr_out, quality="HQ")
+    if sr_in == sr_out:
+        return wav
+    n = int(np.ceil(wav.shape[0] * (float(sr_out) / sr_in)))  # librosa's expression, rounding included
+    out = soxr.resample(wav, sr_in, sr_out, quality="soxr_hq")[:n]  # float32 in, float32 out
+    return np.pad(out, (0, n - out.shape[0]))
+
+
+def frame_dbfs(wav, hop: int):
+    """The level of each `hop`-sample frame in dBFS (the last frame zero-padded)."""
+    import numpy as np
+
+    n = -(-wav.shape[0] // hop)
+    frames = np.pad(wav, (0, n * hop - wav.shape[0])).reshape(n, hop)
+    return 10 * np.log10(np.mean(np.square(frames), axis=1, dtype=np.float64) + 1e-20)
 
 
 def trim_and_level(wav, path: Path):
-    """Silence check, leading/trailing silence trimmed (20 ms frames), duration check, level normalised."""
+    """--ref-clean: leading/trailing silence trimmed (20 ms frames), duration check, level normalised; float32."""
     import numpy as np
 
     hop = SAMPLE_RATE // 50
-    n = max(1, len(wav) // hop)
-    frames = np.pad(wav, (0, n * hop - len(wav)))[: n * hop].reshape(n, hop) if len(wav) >= hop else wav[None]
-    db = 10 * np.log10(np.mean(frames**2, axis=1) + 1e-20)
-    if db.max() < SILENT_DBFS:
-        raise UsageError(f"the reference clip {path} is silent (loudest 20 ms at {db.max():.0f} dBFS)",
-                         hint="record a few seconds of clear speech")
+    db = frame_dbfs(wav, hop)
     loud = np.flatnonzero(db > db.max() - TRIM_DB)
-    wav = wav[loud[0] * hop : min(len(wav), (loud[-1] + 1) * hop)]
+    wav = wav[loud[0] * hop : (loud[-1] + 1) * hop].astype(np.float64)
     seconds = len(wav) / SAMPLE_RATE
     if not MIN_S <= seconds <= MAX_S:
         raise UsageError(f"the reference clip {path} holds {seconds:.1f} s of sound; it must hold {MIN_S:g} to "
                          f"{MAX_S:g} s", hint="about 3-10 s of clear speech clones best")
     rms = float(np.sqrt(np.mean(wav**2)))
     gain = min(10 ** (TARGET_DBFS / 20) / max(rms, 1e-9), PEAK / max(float(np.abs(wav).max()), 1e-9))
-    return wav * gain
+    return (wav * gain).astype(np.float32)
 
 
 # ---- the commands -------------------------------------------------------------------------------------------------
@@ -142,23 +171,24 @@ def _base_folder(args) -> Path:
 
 
 def cmd_add(args) -> int:
-    from leapvox.models.voices import check_name, model_key, save_voice, voices_dir
+    from leapvox.models.voices import check_name, check_writable, model_key, save_voice, voices_dir
 
     check_name(args.name)
     text = " ".join(args.text.split()) if args.text is not None else None
     if args.text is not None and not text:
         raise UsageError("--text is empty", hint="give what the clip says, or leave --text out (x-vector only)")
-    wav = read_reference(args.clip)  # bad audio: one line, before the model loads
+    wav = read_reference(args.clip, args.ref_clean)  # bad audio: one line, before the model loads
     args.pull = True
     folder = _base_folder(args)
     key = model_key(folder)
     if (voices_dir(key) / f"{args.name}.safetensors").exists() and not args.force:
         raise UsageError(f"a voice named {args.name!r} exists for this model", hint="use --force to replace it")
+    check_writable(key)  # a read-only LEAPVOX_HOME: one line now, not after the encoding
     from leapvox.models.load import load_model
 
     model = load_model(folder, args.weights, say=quiet_or(args))
     voice = model.clone(wav, text)
-    path = save_voice(key, args.name, voice, source=args.clip.name, overwrite=args.force)
+    path = save_voice(key, args.name, voice, source=args.clip.name, overwrite=args.force, cleaned=args.ref_clean)
     mode = f"ICL, {voice.ref_codes.shape[0]} frames of codes" if voice.icl else "x-vector only"
     quiet_or(args)(f"saved voice {args.name!r} ({mode}, {len(wav) / SAMPLE_RATE:.1f} s clip) to {path}")
     return EXIT_OK
@@ -182,8 +212,9 @@ def cmd_show(args) -> int:
     from leapvox.models.voices import voice_info
 
     v = voice_info(_key(args), args.name)
+    clip = "cleaned (--ref-clean: trimmed, levelled, silence appended)" if v.cleaned else "as the official package"
     print(f"name: {v.name}\nmode: {v.mode}\nreference: {v.seconds:.2f} s ({v.frames} frames)\n"
-          f"transcript: {v.ref_text or '-'}\nx-vector: {v.hidden} values\nsource: {v.source or '-'}\n"
+          f"transcript: {v.ref_text or '-'}\nx-vector: {v.hidden} values\nsource: {v.source or '-'}\nclip: {clip}\n"
           f"created: {v.created or '-'}\nfile: {v.path}")
     return EXIT_OK
 

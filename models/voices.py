@@ -2,8 +2,10 @@
 folder, one safetensors file per voice under a folder per model (`voices/<model key>/<name>.safetensors`).
 
 A voice file holds the x-vector (`xvector` [H] float32) and, for an ICL voice, the reference codes (`ref_codes`
-[T, 16] int64) and the clip's transcript (metadata `ref_text`). The model key is `paths.model_key` of the checkpoint
-folder (a Hub snapshot's folder names its commit): a voice belongs to the encoders that made it.
+[T, 16] int64) and the clip's transcript (metadata `ref_text`); metadata `clip` says how the clip was read: "official"
+(as the official package reads it) or "cleaned" (`--ref-clean`; files without the key predate it and were cleaned).
+The model key is `paths.model_key` of the checkpoint folder (a Hub snapshot's folder names its commit): a voice
+belongs to the encoders that made it.
 
 Names are checked against NAME before any path is built from them; writes are atomic; a damaged file is one
 `VoiceError` line. The public functions (list_voices, voice_info, load_voice, save_voice, remove_voice) are what the
@@ -12,7 +14,9 @@ CLI, the TUI and the server use.
 
 from __future__ import annotations
 
+import errno
 import re
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,8 +26,8 @@ from leapvox.engine.errors import InputError, LeapvoxError
 from .files import write_bytes_atomic
 from .paths import leapvox_dirs, model_key
 
-__all__ = ["NAME", "VoiceError", "VoiceInfo", "check_name", "list_voices", "load_voice", "model_key", "remove_voice",
-           "save_voice", "voice_info", "voices_dir"]
+__all__ = ["NAME", "VoiceError", "VoiceInfo", "check_name", "check_writable", "list_voices", "load_voice", "model_key",
+           "remove_voice", "save_voice", "voice_info", "voices_dir"]
 
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")  # letters, digits, - and _; no dots, slashes or spaces
 FORMAT = "leapvox-voice/1"
@@ -48,6 +52,7 @@ class VoiceInfo:
     hidden: int  # x-vector width = the model's talker width
     created: str  # UTC, ISO 8601
     source: str  # the clip's file name, as given when added
+    cleaned: bool = False  # made with --ref-clean (trimmed, levelled, silence appended), not the official reading
 
     @property
     def seconds(self) -> float:
@@ -112,7 +117,7 @@ def _info(path: Path, tensors: dict, meta: dict) -> VoiceInfo:
     codes = tensors.get("ref_codes")
     return VoiceInfo(path.stem, path, "icl" if codes is not None else "xvector", meta.get("ref_text") or None,
                      0 if codes is None else int(codes.shape[0]), int(tensors["xvector"].shape[0]),
-                     meta.get("created", ""), meta.get("source", ""))
+                     meta.get("created", ""), meta.get("source", ""), meta.get("clip", "cleaned") == "cleaned")
 
 
 def list_voices(key: str) -> list[VoiceInfo]:
@@ -144,9 +149,28 @@ def load_voice(key: str, name: str, hidden: int | None = None):
     return ClonedVoice(tensors["xvector"].float(), None if codes is None else codes.long(), ref_text)
 
 
-def save_voice(key: str, name: str, voice, source: str = "", overwrite: bool = False) -> Path:
-    """Store `voice` (an engine ClonedVoice) as `name` for model `key`, atomically; an InputError when the name is
-    taken and not `overwrite`."""
+def _unwritable(what: str, e: OSError) -> VoiceError:
+    hint = {errno.ENOSPC: "free some space"}.get(e.errno, "make it writable, or set LEAPVOX_HOME to a writable folder "
+                                                  "(leapvox paths shows where voices go)")
+    return VoiceError(f"cannot {what}: {e.strerror or e}", hint=hint)
+
+
+def check_writable(key: str) -> Path:
+    """The model's voice folder, made and checked to take a new file (before anything slow); a VoiceError (exit 1)
+    when it cannot (a read-only LEAPVOX_HOME, say)."""
+    folder = voices_dir(key)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as e:
+        raise _unwritable(f"save voices in {folder}", e) from None
+    return folder
+
+
+def save_voice(key: str, name: str, voice, source: str = "", overwrite: bool = False, cleaned: bool = False) -> Path:
+    """Store `voice` (an engine ClonedVoice) as `name` for model `key`, atomically; `cleaned`: its clip was read with
+    --ref-clean. An InputError when the name is taken and not `overwrite`; a VoiceError when it cannot be written."""
     from safetensors.torch import save
 
     path = _path(key, name)
@@ -154,13 +178,16 @@ def save_voice(key: str, name: str, voice, source: str = "", overwrite: bool = F
         raise InputError(f"a voice named {name!r} exists for this model",
                          hint=f"choose another name, or 'leapvox voices rm {name}' first")
     tensors = {"xvector": voice.xvector.detach().float().cpu().contiguous()}
-    meta = {"format": FORMAT, "name": name, "source": source,
+    meta = {"format": FORMAT, "name": name, "source": source, "clip": "cleaned" if cleaned else "official",
             "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     if voice.icl:
         tensors["ref_codes"] = voice.ref_codes.detach().long().cpu().contiguous()
         meta["ref_text"] = voice.ref_text
-    path.parent.mkdir(parents=True, exist_ok=True)
-    return write_bytes_atomic(path, save(tensors, metadata=meta))
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        return write_bytes_atomic(path, save(tensors, metadata=meta))
+    except OSError as e:
+        raise _unwritable(f"save the voice {name!r} to {path}", e) from None
 
 
 def remove_voice(key: str, name: str) -> Path:
@@ -170,4 +197,6 @@ def remove_voice(key: str, name: str) -> Path:
         path.unlink()
     except FileNotFoundError:
         raise VoiceNotFound(f"no saved voice {name!r} for this model", hint="see 'leapvox voices list'") from None
+    except OSError as e:
+        raise _unwritable(f"remove {path}", e) from None
     return path

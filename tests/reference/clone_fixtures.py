@@ -7,14 +7,20 @@ then records through the OFFICIAL wrapper:
   - the fixture clips (clone_clip.wav, 24 kHz float32) and the official mel of the main clip,
   - speaker embeddings of the clip (both Base sizes), speech-tokenizer encoder codes of the clips,
   - seeded x-vector-only and ICL cloning (both text layouts) and voice-design cases: codes, prompt rows,
-  - the final audio of one ICL case (reference decoded with the output and cut off, as the wrapper does).
+  - the final audio of one ICL case (reference decoded with the output and cut off, as the wrapper does),
+  - clips given to the official API as FILES at lengths that are not whole 20 ms frames (a 22.05 kHz stereo 16-bit
+    WAV, an 8 kHz 3-channel 24-bit FLAC): the 24 kHz samples the wrapper makes of them (a SHA-256), their x-vectors
+    and codes, and x-vector / ICL cases with their final audio, where the ICL cut falls a sample before the frame
+    boundary (`make_file_cases`; `make_fixtures.py --only clone-files` adds just these to the existing files).
 Writes expected_clone.json + expected_clone.safetensors; the CustomVoice files are not touched.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
+import platform
 import shutil
 
 import numpy as np
@@ -35,14 +41,19 @@ REF_TEXT_SHORT = "Hello."
 T_TARGET = "Good morning, the weather is very nice today."
 T_TARGET_LONG = "The quick brown fox. Good morning, the weather is very nice today, please speak with a calm tone."
 VD_INSTRUCT = "A calm voice, speak slowly and happily."
+# clips passed to the official API as file paths, 2.53 s and 1.18 s: at 24 kHz not whole 20 ms frames
+FILE_CLIPS = {
+    "file_22k": dict(file="clone_clip_22k.wav", sr=22050, samples=55786, channels=2, subtype="PCM_16", seed=7),
+    "file_8k": dict(file="clone_clip_8k.flac", sr=8000, samples=9437, channels=3, subtype="PCM_24", seed=8),
+}
 
 
-def fixture_clip(seconds: float, seed: int) -> np.ndarray:
+def fixture_clip(seconds: float, seed: int, sr: int = SR) -> np.ndarray:
     """A voice-like synthetic clip: a gliding harmonic tone with syllable-rate amplitude, a little noise."""
     g = np.random.default_rng(seed)
-    t = np.arange(int(seconds * SR)) / SR
+    t = np.arange(int(seconds * sr)) / sr
     f0 = 140 + 25 * np.sin(2 * np.pi * 0.7 * t) + 10 * np.sin(2 * np.pi * 3.1 * t)
-    phase = 2 * np.pi * np.cumsum(f0) / SR
+    phase = 2 * np.pi * np.cumsum(f0) / sr
     voice = sum(np.sin(k * phase) / k for k in range(1, 12))
     envelope = 0.5 + 0.5 * np.sin(2 * np.pi * 4.0 * t) ** 2
     wav = 0.25 * voice * envelope + 0.01 * g.standard_normal(len(t))
@@ -206,7 +217,8 @@ def run(tts, c, clips, mf):
             return tts.generate_voice_design(text=c["text"], instruct=c["instruct"], language=c["language"],
                                              non_streaming_mode=ns, **kw)
     else:
-        items = tts.create_voice_clone_prompt(ref_audio=(clips[c["clip"]], SR), ref_text=c["ref_text"],
+        ref_audio = str(mf.OUT / FILE_CLIPS[c["clip"]]["file"]) if c["clip"] in FILE_CLIPS else (clips[c["clip"]], SR)
+        items = tts.create_voice_clone_prompt(ref_audio=ref_audio, ref_text=c["ref_text"],
                                               x_vector_only_mode=c["kind"] == "xvec")
 
         def call():
@@ -214,6 +226,106 @@ def run(tts, c, clips, mf):
                                             non_streaming_mode=ns, **kw)
     torch.manual_seed(c["seed"])  # right before generation: the prompt's encoders draw no random numbers
     return capture(tts, call)
+
+
+def file_cases(mf):
+    """Clips given as files (FILE_CLIPS), max_new_tokens chosen so that each ICL case's cut falls a sample before the
+    frame boundary (ref 32 frames + 17, ref 15 + 7) when it runs to the limit."""
+    S = mf.SAMPLING_DEFAULTS
+    return [
+        case("file_icl_ns_0b6", "tiny-base-0b6", "icl", T_TARGET, S, 107, clip="file_22k", max_new_tokens=18,
+             keep_wav=True, note="ICL from a 22.05 kHz stereo 16-bit WAV file of 2.53 s; final audio kept"),
+        case("file_xvec_st_1b7", "tiny-base-1b7", "xvec", T_TARGET, S, 108, layout="streaming", clip="file_8k",
+             max_new_tokens=9, keep_wav=True, note="x-vector only from an 8 kHz 3-channel FLAC file of 1.18 s"),
+        case("file_icl_ns_1b7", "tiny-base-1b7", "icl", T_TARGET, S, 100, clip="file_8k", ref_text=REF_TEXT_SHORT,
+             max_new_tokens=8, keep_wav=True, note="ICL from the 8 kHz FLAC file; final audio kept"),
+    ]
+
+
+def write_file_clips(mf):
+    import soundfile as sf
+
+    for spec in FILE_CLIPS.values():
+        n, ch = spec["samples"], spec["channels"]
+        mono = fixture_clip(n / spec["sr"] + 0.1, spec["seed"], spec["sr"])[:n].astype(np.float64)
+        g = np.random.default_rng(spec["seed"])
+        chans = [mono * (1 - 0.3 * k) + 0.02 * k * g.standard_normal(n) for k in range(ch)]  # channels that differ
+        sf.write(mf.OUT / spec["file"], np.clip(np.stack(chans, axis=1), -1, 1), spec["sr"], subtype=spec["subtype"])
+
+
+def make_file_cases(mf, loaded, expected, tensors):
+    """Record the FILE_CLIPS cases into `expected` / `tensors` (replacing earlier ones of the same names)."""
+    import librosa
+
+    write_file_clips(mf)
+    expected["clip_files"].update({name: spec["file"] for name, spec in FILE_CLIPS.items()})
+    expected["file_clips"] = {}
+    for name, spec in FILE_CLIPS.items():
+        tts = loaded["tiny-base-0b6"]
+        wav, sr = tts._normalize_audio_inputs([str(mf.OUT / spec["file"])])[0]  # what create_voice_clone_prompt does
+        at24 = librosa.resample(y=wav.astype(np.float32), orig_sr=sr, target_sr=SR) if sr != SR else wav
+        expected["file_clips"][name] = dict(
+            spec, samples_24k=int(at24.shape[0]), dtype=str(at24.dtype),
+            sha256_24k=hashlib.sha256(np.ascontiguousarray(at24, dtype="<f4").tobytes()).hexdigest(),
+            note="the 24 kHz float32 samples the official wrapper encodes and embeds (librosa.load, mean of the "
+                 "channels, librosa.resample): their SHA-256")
+        for ckpt in ("tiny-base-0b6", "tiny-base-1b7"):
+            item = loaded[ckpt].create_voice_clone_prompt(ref_audio=str(mf.OUT / spec["file"]), ref_text="x")[0]
+            tensors[f"spk/{ckpt}/{name}"] = item.ref_spk_embedding.float().contiguous()
+        tensors[f"enc/{name}"] = item.ref_code.contiguous()
+    names = [c["name"] for c in file_cases(mf)]
+    expected["cases"] = [c for c in expected["cases"] if c["name"] not in names]
+    for c in file_cases(mf):
+        rec = record(loaded[c["checkpoint"]], c, {}, mf, tensors)
+        if c["kind"] == "icl":
+            ref = tensors[f"enc/{c['clip']}"].shape[0]
+            total = ref + rec["num_frames"]
+            rec["icl_cut"] = dict(ref_frames=ref, total_frames=total, cut=int(ref / total * total * 1920),
+                                  frame_boundary=ref * 1920)
+        expected["cases"].append(rec)
+    expected["file_cases_made_on"] = f"{platform.processor() or platform.machine()}, {_cpu()}, " \
+                                     f"{torch.get_num_threads()} threads"
+
+
+def _cpu() -> str:
+    try:
+        return next(ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name"))
+    except (OSError, StopIteration):
+        return platform.processor()
+
+
+def record(tts, c, clips, mf, tensors) -> dict:
+    """Run case `c` through the official wrapper; its JSON record (tensors stored into `tensors`)."""
+    cap = run(tts, c, clips, mf)
+    codes, seq = cap["codes"][0], cap["sequences"][0].tolist()
+    stop = "eos" if seq[-1] == 2150 else "max_new_tokens"
+    rec = {k: v for k, v in c.items() if k != "keep_wav"}
+    rec.update(code0_tokens=seq, stop_reason=stop, num_frames=int(codes.shape[0]), codes=codes.tolist(),
+               prompt_len=int(cap["prompt_embeds"].shape[1]), trailing_len=int(cap["trailing"].shape[1]),
+               prompt_embeds_key=f"case/{c['name']}/prompt_embeds", trailing_key=f"case/{c['name']}/trailing",
+               wav_key=None, wav_num_samples=int(cap["wav"].shape[0]))
+    tensors[rec["prompt_embeds_key"]] = cap["prompt_embeds"][0].float().contiguous()
+    tensors[rec["trailing_key"]] = cap["trailing"][0].float().contiguous()
+    if c["keep_wav"]:
+        rec["wav_key"] = f"wav/{c['name']}"
+        tensors[rec["wav_key"]] = cap["wav"].contiguous()
+    print(f"{c['name']:22s} L={rec['prompt_len']:3d} trailing={rec['trailing_len']:3d} "
+          f"frames={rec['num_frames']:3d} stop={stop}", flush=True)
+    return rec
+
+
+def make_files_only(mf):
+    """`--only clone-files`: add the FILE_CLIPS cases to the existing expected_clone.* and leave every other entry
+    as it is (a full rerun on another CPU moves the encoder's near-tie codes, and with them the ICL cases)."""
+    from qwen_tts.inference.qwen3_tts_model import Qwen3TTSModel
+    from safetensors.torch import load_file, save_file
+
+    expected = json.loads((mf.OUT / "expected_clone.json").read_text())
+    tensors = load_file(mf.OUT / "expected_clone.safetensors")
+    loaded = {name: Qwen3TTSModel.from_pretrained(str(mf.OUT / name)) for name in ("tiny-base-0b6", "tiny-base-1b7")}
+    make_file_cases(mf, loaded, expected, tensors)
+    save_file(tensors, str(mf.OUT / "expected_clone.safetensors"), metadata={"format": "pt"})
+    (mf.OUT / "expected_clone.json").write_text(json.dumps(expected, indent=1, ensure_ascii=False))
 
 
 def make(mf, tok, skip_build):
@@ -250,23 +362,7 @@ def make(mf, tok, skip_build):
         expected["encoder_codes"][cname] = {"key": key, "frames": int(codes.shape[0]), "samples": len(wav),
                                             "distinct_code0": int(codes[:, 0].unique().numel())}
     for c in cases(mf):
-        tts = loaded[c["checkpoint"]]
-        cap = run(tts, c, clips, mf)
-        codes, seq = cap["codes"][0], cap["sequences"][0].tolist()
-        stop = "eos" if seq[-1] == 2150 else "max_new_tokens"
-        rec = {k: v for k, v in c.items() if k != "keep_wav"}
-        rec.update(code0_tokens=seq, stop_reason=stop, num_frames=int(codes.shape[0]), codes=codes.tolist(),
-                   prompt_len=int(cap["prompt_embeds"].shape[1]), trailing_len=int(cap["trailing"].shape[1]),
-                   prompt_embeds_key=f"case/{c['name']}/prompt_embeds", trailing_key=f"case/{c['name']}/trailing",
-                   wav_key=None, wav_num_samples=int(cap["wav"].shape[0]))
-        tensors[rec["prompt_embeds_key"]] = cap["prompt_embeds"][0].float().contiguous()
-        tensors[rec["trailing_key"]] = cap["trailing"][0].float().contiguous()
-        if c["keep_wav"]:
-            rec["wav_key"] = f"wav/{c['name']}"
-            tensors[rec["wav_key"]] = cap["wav"].contiguous()
-        expected["cases"].append(rec)
-        print(f"{c['name']:22s} L={rec['prompt_len']:3d} trailing={rec['trailing_len']:3d} "
-              f"frames={rec['num_frames']:3d} stop={stop}", flush=True)
+        expected["cases"].append(record(loaded[c["checkpoint"]], c, clips, mf, tensors))
     # a seeded rerun reproduces a sampled case
     again = run(loaded["tiny-base-0b6"], cases(mf)[2], clips, mf)["codes"][0].tolist()
     assert again == expected["cases"][2]["codes"], "seeded rerun differs"
@@ -278,5 +374,6 @@ def make(mf, tok, skip_build):
         "ICL final audio: the wrapper decodes reference codes + generated codes (chunked 300/25) and cuts "
         "int(ref_len / total_len * n_samples) samples.",
     ]
+    make_file_cases(mf, loaded, expected, tensors)
     save_file(tensors, str(mf.OUT / "expected_clone.safetensors"), metadata={"format": "pt"})
     (mf.OUT / "expected_clone.json").write_text(json.dumps(expected, indent=1, ensure_ascii=False))

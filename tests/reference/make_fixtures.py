@@ -577,9 +577,10 @@ def mistral_patched_ids(folder, text):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--skip-build", action="store_true", help="reuse the existing tiny checkpoints")
-    ap.add_argument("--only", choices=["all", "custom-voice", "clone"], default="all",
+    ap.add_argument("--only", choices=["all", "custom-voice", "clone", "clone-files"], default="all",
                     help="custom-voice: the CustomVoice fixtures (expected.*); clone: the Base / VoiceDesign fixtures "
-                    "(expected_clone.*, clone_fixtures.py); all: both")
+                    "(expected_clone.*, clone_fixtures.py); clone-files: only the clone cases from clip files, added "
+                    "to the existing expected_clone.* (the other entries are kept as they are); all: both")
     args = ap.parse_args()
     torch.use_deterministic_algorithms(True)
     OUT.mkdir(parents=True, exist_ok=True)
@@ -590,6 +591,10 @@ def main():
         import clone_fixtures
 
         clone_fixtures.make(sys.modules[__name__], tok, args.skip_build)
+    if args.only == "clone-files":
+        import clone_fixtures
+
+        clone_fixtures.make_files_only(sys.modules[__name__])
 
 
 def make_custom_voice(tok, skip_build):
