@@ -14,8 +14,10 @@ import sys
 from pathlib import Path
 
 from leapvox.app.common import WEIGHT_FORMATS, UsageError, tell
+from leapvox.engine.errors import LeapvoxError
 from leapvox.engine.options import MODES
 from leapvox.models.catalog import default_model
+from leapvox.models.files import output_problem
 
 TEXT = (
     "The quick brown fox jumps over the lazy dog, and then it runs all the way back home again "
@@ -132,8 +134,8 @@ def cmd_bench(args) -> int:
         raise UsageError("--threads and --max-frames must be >= 1")
     if not args.text.strip():
         raise UsageError("the text is empty", hint="give some words to speak")
-    if args.json is not None and not args.json.expanduser().parent.is_dir():
-        raise UsageError(f"cannot write {args.json}: its folder does not exist")
+    if args.json is not None and (problem := output_problem(args.json.expanduser())):
+        raise UsageError(f"cannot write {args.json}: {problem}")
     name = require_model(args)
 
     import torch
@@ -166,6 +168,9 @@ def cmd_bench(args) -> int:
     print(table(result))
     sys.stdout.flush()
     if args.json is not None:
-        write_text_atomic(args.json, json.dumps(result, indent=1))
+        try:
+            write_text_atomic(args.json.expanduser(), json.dumps(result, indent=1))
+        except OSError as e:
+            raise LeapvoxError(f"cannot write {args.json}: {e.strerror or e}") from None
         tell(f"wrote {args.json}")
     return 0

@@ -5,11 +5,14 @@ Writes one WAV per mode, compare.json with the raw numbers, and compare.png when
 
 from __future__ import annotations
 
+import io
 import json
 from dataclasses import replace
 from pathlib import Path
 
+from leapvox.engine.errors import LeapvoxError
 from leapvox.engine.options import MODES
+from leapvox.models.files import write_bytes_atomic
 
 from .common import UsageError, backend_args, load, model_args, tell
 
@@ -52,6 +55,13 @@ def cmd_compare(args) -> int:
         raise UsageError(f"unknown mode {unknown[0]!r}", hint=f"this build offers: {', '.join(MODES)}")
     if not args.text.strip():
         raise UsageError("the text is empty", hint="give some words to speak")
+    out = args.out.expanduser()
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"--out {args.out} is not a folder", hint="give a folder for the WAVs and compare.json")
+    try:
+        out.mkdir(parents=True, exist_ok=True)  # before the load: a folder that cannot be made fails first
+    except OSError as e:
+        raise LeapvoxError(f"cannot make {args.out}: {e.strerror or e}") from None
     model = load(args)
     if model.backend_name == "ane" and not args.modes and "windowed" in modes:
         modes = tuple(m for m in modes if m != "windowed")
@@ -61,7 +71,10 @@ def cmd_compare(args) -> int:
         opts = replace(opts, max_frames=args.max_frames)
     if args.greedy:
         opts = opts.greedy()
-    record = compare(model, args.text.strip(), opts, modes, args.out)
+    try:
+        record = compare(model, args.text.strip(), opts, modes, out)
+    except OSError as e:  # a full disk, a read-only folder: one line
+        raise LeapvoxError(f"cannot write into {args.out}: {e.strerror or e}") from None
     print(record["table"])
     wrote = [f"{m}.wav" for m in modes] + ["compare.json"] + ([record["plot"]] if record["plot"] else [])
     tell(f"wrote {', '.join(wrote)} in {args.out}" +
@@ -99,8 +112,10 @@ def plot(rows: list, path: Path) -> bool:
     b.bar(modes, [s.first_audio_s or 0.0 for s in rows])
     b.set_title("first audio (s)")
     fig.tight_layout()
-    fig.savefig(path)
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png")
     plt.close(fig)
+    write_bytes_atomic(path, buf.getvalue())
     return True
 
 

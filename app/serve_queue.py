@@ -1,4 +1,4 @@
-"""`leapvox serve`'s synthesis queue and audio encoders. One worker thread runs one synthesis at a time (the model
+"""`leapvox serve`'s synthesis queue (encoders: audio.py). One worker thread runs one synthesis at a time (the model
 is loaded once and torch already uses every core for one), taking jobs from a bounded queue; a full queue refuses
 at once (`QueueFull`, the server's 429). Each job's bytes are handed to its request as they are produced, through
 `deliver`, and a job whose client went away is skipped, or stopped between two frames (`Synthesizer.stream`'s
@@ -15,97 +15,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-import numpy as np
-
-from .audio import pcm16, wav_header
-
-# response_format -> (Content-Type, libsndfile format and subtype, streamed). wav and pcm are written by leapvox
-# (the same bytes as `leapvox speak -o -` and its samples); the others by libsndfile where it has them. Opus (in
-# Ogg) is written strictly in order, so it streams; libsndfile goes back to finish FLAC's and MP3's headers at the
-# end (total length, the MP3 info frame), so those are sent when synthesis ends.
-FORMATS = {
-    "wav": ("audio/wav", None, True),
-    "pcm": ("audio/pcm", None, True),
-    "flac": ("audio/flac", ("FLAC", "PCM_16"), False),
-    "mp3": ("audio/mpeg", ("MP3", "MPEG_LAYER_III"), False),
-    "opus": ("audio/ogg; codecs=opus", ("OGG", "OPUS"), True),
-}
-
-
-def supported_formats() -> list[str]:
-    """The response formats this installation can write (libsndfile's MP3 and Opus depend on how it was built)."""
-    import soundfile as sf
-
-    formats, subtypes = sf.available_formats(), {}
-    ok = []
-    for name, (_, lib, _) in FORMATS.items():
-        if lib is None:
-            ok.append(name)
-            continue
-        fmt, sub = lib
-        subtypes.setdefault(fmt, sf.available_subtypes(fmt) if fmt in formats else {})
-        if sub in subtypes[fmt]:
-            ok.append(name)
-    return ok
-
-
-class _Sink:
-    """A write-only file for libsndfile that keeps what it writes; `take()` returns the bytes appended since the last
-    call. Bytes rewritten behind that point (a header finished at the end) are kept for a whole-file format only."""
-
-    def __init__(self):
-        self.data, self.pos, self.taken = bytearray(), 0, 0
-
-    def write(self, b) -> int:
-        b = bytes(b)
-        self.data[self.pos : self.pos + len(b)] = b
-        self.pos += len(b)
-        return len(b)
-
-    def seek(self, offset: int, whence: int = 0) -> int:
-        self.pos = offset if whence == 0 else self.pos + offset if whence == 1 else len(self.data) + offset
-        return self.pos
-
-    def tell(self) -> int:
-        return self.pos
-
-    def read(self, n: int = -1) -> bytes:
-        return b""
-
-    def take(self) -> bytes:
-        out = bytes(self.data[self.taken :])
-        self.taken = len(self.data)
-        return out
-
-
-class Encoder:
-    """Float audio -> the bytes of one response format, chunk by chunk: `audio()` for each chunk, `end()` once."""
-
-    def __init__(self, fmt: str, sample_rate: int):
-        self.fmt, self.sample_rate = fmt, sample_rate
-        self.content_type, lib, self.streamed = FORMATS[fmt]
-        self.head = wav_header(sample_rate) if fmt == "wav" else b""  # a streaming header: length unknown
-        self.file = self.sink = None
-        if lib is not None:
-            import soundfile as sf
-
-            self.sink = _Sink()
-            self.file = sf.SoundFile(self.sink, "w", sample_rate, 1, lib[1], format=lib[0])
-
-    def audio(self, audio: np.ndarray) -> bytes:
-        if self.file is None:
-            out, self.head = self.head + (pcm16(audio) if len(audio) else b""), b""
-            return out
-        if len(audio):  # as 16-bit samples, converted as wav and pcm convert them: a FLAC holds exactly those
-            self.file.write(np.frombuffer(pcm16(audio), dtype="<i2"))
-        return self.sink.take() if self.streamed else b""
-
-    def end(self) -> bytes:
-        if self.file is None:
-            out, self.head = self.head, b""
-            return out
-        self.file.close()
-        return self.sink.take() if self.streamed else bytes(self.sink.data)
+from .audio import Encoder
 
 
 class QueueFull(Exception):

@@ -28,6 +28,7 @@ from leapvox.engine.spec import DraftPlan
 from leapvox.engine.synthesis import Synthesizer
 from leapvox.engine.talker import TTSModel
 
+from .catalog import ASSETS
 from .frontend import text_frontend
 from .paths import check_folder
 from .spec_assets import load_offsets, load_tree
@@ -89,13 +90,27 @@ def draft_plan(folder: Path, hidden: int, backend: str = "cpu", device: str = "c
     return DraftPlan(tree, offsets)
 
 
+class DamagedFileError(CheckpointError):
+    """A checkpoint file missing, unreadable or not what config.json says (`path`). The hint suits a folder of the
+    user's own, or the bundled model; models.load gives a model in the Hugging Face cache its own."""
+
+    def __init__(self, message: str, path: Path, missing: bool = False):
+        if ASSETS in Path(path).resolve().parents:
+            hint = "reinstall leapvox to restore the bundled model"
+        else:
+            hint = (f"put the checkpoint's {path.name} in {path.parent}" if missing else
+                    f"replace {path} with an intact copy of the checkpoint's file")
+        super().__init__(message, hint)
+        self.path = path
+
+
 def read_json(path: Path) -> dict[str, Any]:
     try:
         return json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
-        raise CheckpointError(f"missing {path.name} in {path.parent}", hint="download the model again") from None
+        raise DamagedFileError(f"missing {path.name} in {path.parent}", path, missing=True) from None
     except (OSError, ValueError) as e:
-        raise CheckpointError(f"cannot read {path}: {e}", hint="download the model again") from None
+        raise DamagedFileError(f"cannot read {path}: {e}", path) from None
 
 
 def _weight_files(folder: Path, stem: str) -> list[Path]:
@@ -104,7 +119,7 @@ def _weight_files(folder: Path, stem: str) -> list[Path]:
         return sorted({folder / f for f in read_json(index)["weight_map"].values()})
     single = folder / f"{stem}.safetensors"
     if not single.is_file():
-        raise CheckpointError(f"missing {single.name} in {folder}", hint="download the model again")
+        raise DamagedFileError(f"missing {single.name} in {folder}", single, missing=True)
     return [single]
 
 
@@ -124,9 +139,7 @@ def read_tensors(files: list[Path], prefix: str = "") -> dict[str, tuple[torch.T
                 with safe_open(str(f), framework="pt") as st:
                     out[key[len(prefix) :]] = (st.get_tensor(key), f)
         except Exception as e:  # safetensors raises its own error types for bad headers and short files
-            raise CheckpointError(
-                f"{f} is damaged (truncated or not a safetensors file): {e}", hint="delete it and download it again"
-            ) from None
+            raise DamagedFileError(f"{f} is damaged (truncated or not a safetensors file): {e}", f) from None
     return out
 
 
@@ -137,10 +150,8 @@ def load_weights(module: nn.Module, tensors: dict[str, tuple[torch.Tensor, Path]
     missing = [k for k in expected if k not in tensors]
     if missing:
         more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
-        raise CheckpointError(
-            f"tensor {prefix}{missing[0]} is missing from {where[0]}{more}",
-            hint="the file does not match config.json; download the model again",
-        )
+        raise DamagedFileError(f"tensor {prefix}{missing[0]} is missing from {where[0]}{more} (config.json names it)",
+                               Path(where[0]))
     unexpected = [k for k in tensors if k not in expected]
     if unexpected:
         raise CheckpointError(
@@ -151,10 +162,8 @@ def load_weights(module: nn.Module, tensors: dict[str, tuple[torch.Tensor, Path]
     for key, ref in expected.items():
         t, f = tensors[key]
         if tuple(t.shape) != tuple(ref.shape):
-            raise CheckpointError(
-                f"tensor {prefix}{key} in {f} has shape {list(t.shape)}, config.json implies {list(ref.shape)}",
-                hint="the file does not match config.json; download the model again",
-            )
+            raise DamagedFileError(
+                f"tensor {prefix}{key} in {f} has shape {list(t.shape)}, config.json implies {list(ref.shape)}", f)
         state[key] = t.to(dtype) if dtype is not None and t.is_floating_point() else t  # None: as stored
     module.load_state_dict(state, strict=True, assign=True)
 
@@ -205,8 +214,8 @@ def load_config(folder: Path) -> TTSConfig:
             hint="use a Qwen3-TTS 12 Hz CustomVoice, VoiceDesign or Base checkpoint",
         )
     if cfg.tts_model_type == "base" and not isinstance(raw.get("speaker_encoder_config"), dict):
-        raise CheckpointError(f"config.json in {folder} is a Base model's but has no speaker_encoder_config",
-                              hint="download the model again")
+        raise DamagedFileError(f"config.json in {folder} is a Base model's but has no speaker_encoder_config",
+                               folder / "config.json")
     return cfg
 
 

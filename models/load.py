@@ -7,9 +7,10 @@ from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
-from .checkpoint import LoadedModel, load_checkpoint
+from .catalog import resolve_model
+from .checkpoint import DamagedFileError, LoadedModel, load_checkpoint
 from .coreml_assets import load_ane_backend, resolve_backend
-from .hub import resolve_model_path
+from .hub import ensure
 
 
 def _quiet(msg: str) -> None:
@@ -30,8 +31,14 @@ def load_model(
     """Resolve the model (pulling a missing Hub model when `pull`), load it in the `weights` format and attach the
     backend: `cpu` (torch), `ane` (the model's Core ML export; a one-line error where that cannot run) or `auto`
     (ane where Core ML runs and the model has an export, else cpu)."""
-    folder = resolve_model_path(str(name_or_path), pull=pull, say=say, progress=progress)
-    model = load_checkpoint(folder, weights, device)
+    spec = resolve_model(str(name_or_path))
+    folder = ensure(spec, pull, say, progress)
+    try:
+        model = load_checkpoint(folder, weights, device)
+    except DamagedFileError as e:
+        if spec.on_hub:  # in the Hugging Face cache: verify finds the damaged file, pull fetches it again
+            e.hint = f"run: leapvox models verify {spec.name}; then leapvox models pull {spec.name}"
+        raise
     if resolve_backend(backend, folder) != "ane":
         return model
     ane = load_ane_backend(folder, model.tts.talker, compute_units, str(name_or_path))

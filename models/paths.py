@@ -4,22 +4,16 @@ check that a folder is a checkpoint."""
 from __future__ import annotations
 
 import hashlib
-import os
 from pathlib import Path
 
+from leapvox.engine.dirs import base_dirs
 from leapvox.engine.errors import ModelNotFoundError
 
 
 def leapvox_dirs() -> dict[str, Path]:
-    """leapvox's own folders (platformdirs, appname "leapvox"); $LEAPVOX_HOME puts them all under one folder."""
-    home = os.environ.get("LEAPVOX_HOME")
-    if home:
-        data, config, cache = (Path(home).expanduser() / d for d in ("data", "config", "cache"))
-    else:
-        from platformdirs import PlatformDirs
-
-        d = PlatformDirs("leapvox", appauthor=False)
-        data, config, cache = Path(d.user_data_dir), Path(d.user_config_dir), Path(d.user_cache_dir)
+    """leapvox's own folders (platformdirs, appname "leapvox"); $LEAPVOX_HOME puts them all under one folder
+    (engine.dirs)."""
+    data, config, cache = base_dirs().values()
     return {
         "data": data,
         "config": config,
@@ -28,6 +22,7 @@ def leapvox_dirs() -> dict[str, Path]:
         "offsets": data / "offsets",
         "trees": data / "trees",
         "coreml": data / "coreml",
+        "kernels": cache / "kernels",  # engine/kernels' compiled libraries (engine.kernels.cache_dir)
         "settings": config / "settings.json",
     }
 

@@ -12,6 +12,18 @@ import torch
 
 REPO = Path(__file__).resolve().parent.parent
 FIXTURES = REPO / "tests" / "fixtures" / "reference"
+
+
+def session_kernel_cache() -> Path:
+    """The compiled-kernel cache of the test session's own environment (before any test points LEAPVOX_HOME at a
+    temp folder): a test that runs leapvox in a subprocess under another LEAPVOX_HOME links it in, so the
+    subprocess loads the session's build instead of compiling (15-30 s and a line on stderr) where it can."""
+    from leapvox.engine import kernels
+
+    return kernels.cache_dir()
+
+
+SESSION_KERNEL_CACHE = session_kernel_cache()
 DESIGN_CONFIG = {
     "im_start_token_id": 190,
     "im_end_token_id": 191,

@@ -17,7 +17,7 @@ import pytest
 from leapvox.engine.errors import ModelNotFoundError
 from leapvox.models.catalog import CATALOG, CatalogEntry, resolve_model
 
-from .conftest import FIXTURES
+from .conftest import FIXTURES, SESSION_KERNEL_CACHE
 from .hubserver import FakeHub
 
 TINY = FIXTURES / "tiny-0b6"
@@ -63,6 +63,9 @@ def cli(hub, tmp_path):
             input=stdin, stdin=None if stdin is not None else subprocess.DEVNULL, timeout=120,
         )
 
+    if SESSION_KERNEL_CACHE.is_dir():  # the session's compiled kernel, not a fresh build per subprocess
+        (tmp_path / "lv" / "cache").mkdir(parents=True)
+        (tmp_path / "lv" / "cache" / "kernels").symlink_to(SESSION_KERNEL_CACHE, target_is_directory=True)
     run.cache = tmp_path / "hf" / "hub"
     run.snapshot = run.cache / "models--test--tiny-0b6" / "snapshots" / hub.commit
     return run
@@ -165,6 +168,24 @@ def test_corrupted_file_is_detected_never_loaded_and_refetched(hub, cli, tmp_pat
     assert p.returncode == 0, p.stderr
     assert "model.safetensors of tiny" in p.stderr and "damaged" in p.stderr
     assert same_files(cli.snapshot) and cli("models", "verify", "tiny").returncode == 0
+
+
+def test_a_cached_file_damaged_unseen_gets_the_hint_that_repairs_it(hub, cli, tmp_path):
+    """A file damaged in place with its size and time kept passes the quick check and fails to load: the hint names
+    the steps that repair it (verify hashes it, pull fetches it again), not a local folder's."""
+    assert cli("models", "pull", "tiny").returncode == 0
+    blob = Path(os.path.realpath(cli.snapshot / "model.safetensors"))
+    st = blob.stat()
+    with open(blob, "r+b") as f:
+        f.write(b"\xff" * 8)  # the header length: far too large
+    os.utime(blob, ns=(st.st_atime_ns, st.st_mtime_ns))
+    p = cli("speak", "Hi.", "-o", tmp_path / "x.wav", "--model", "tiny", *FAST)
+    line = one_line_error(p)
+    assert p.returncode == 1 and "model.safetensors is damaged" in line
+    assert line.endswith("(hint: run: leapvox models verify tiny; then leapvox models pull tiny)")
+    assert cli("models", "verify", "tiny").returncode == 1
+    assert cli("models", "pull", "tiny").returncode == 0 and same_files(cli.snapshot)
+    assert cli("speak", "Hi.", "-o", tmp_path / "x.wav", "--model", "tiny", *FAST).returncode == 0
 
 
 def test_unknown_repo_is_404(cli, tmp_path):

@@ -40,7 +40,7 @@ def op():
 def fresh_state(monkeypatch, tmp_path):
     """A process state in which the kernel was never looked for, with an empty build cache."""
     monkeypatch.setattr(kernels, "_STATE", {})
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setenv("LEAPVOX_HOME", str(tmp_path))
     return tmp_path
 
 
@@ -140,19 +140,34 @@ def test_turned_off_falls_back_to_torch(fresh_state, monkeypatch):
     assert not any(fresh_state.rglob("*.so"))  # nothing was built
 
 
+def test_the_build_cache_is_under_leapvox_home_and_paths_lists_it(monkeypatch, tmp_path, capsys):
+    """Everything leapvox keeps goes under $LEAPVOX_HOME when it is set, the compiled kernels too (they went to
+    ~/.cache/leapvox/kernels), and `leapvox paths` says where; without it, the platform's cache folder."""
+    from leapvox.app.cli import main
+    from leapvox.models.paths import leapvox_dirs
+
+    monkeypatch.setenv("LEAPVOX_HOME", str(tmp_path))
+    assert kernels.cache_dir() == tmp_path / "cache" / "kernels" == leapvox_dirs()["kernels"]
+    assert main(["paths"]) == 0
+    assert ("kernels", str(tmp_path / "cache" / "kernels")) in [tuple(ln.split()) for ln in capsys.readouterr().out
+                                                                 .splitlines()]
+    monkeypatch.delenv("LEAPVOX_HOME")
+    assert kernels.cache_dir() == leapvox_dirs()["kernels"] == leapvox_dirs()["cache"] / "kernels"
+
+
 def test_a_failing_build_falls_back_and_leaves_nothing(tmp_path):
     """In a fresh process (this one may have loaded the library already): a compiler that fails gives torch's
     kernels, a one-line reason, and an empty cache folder."""
     if kernels._static_reason() is not None:
         pytest.skip(f"the kernel is not built on this machine at all ({kernels._static_reason()})")
-    env = dict(os.environ, CXX="false", XDG_CACHE_HOME=str(tmp_path))  # `false`: a "compiler" that fails at once
+    env = dict(os.environ, CXX="false", LEAPVOX_HOME=str(tmp_path))  # `false`: a "compiler" that fails at once
     code = (f"from leapvox.engine import kernels; kernels.PREBUILT_DIR = kernels.Path({str(tmp_path / 'none')!r}); "
             "print(kernels.w8a8_op() is None); print(kernels.unavailable_reason())")
     r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     none, reason = r.stdout.splitlines()
     assert none == "True" and reason.startswith("the build failed")
-    folder = tmp_path / "leapvox" / "kernels"
+    folder = tmp_path / "cache" / "kernels"
     assert folder.is_dir() and not any(folder.iterdir())  # no library, no half-written part file
 
 
@@ -162,7 +177,7 @@ def _without_a_compiler(prebuilt: Path, cache: Path) -> list[str]:
     code = (f"from leapvox.engine import kernels; kernels.PREBUILT_DIR = kernels.Path({str(prebuilt)!r}); "
             "kernels._compiler = lambda: None; print(kernels.describe()); print(kernels.w8a8_op() is not None); "
             "print(kernels.w4a8_op() is not None); print(kernels.unavailable_reason())")
-    r = subprocess.run([sys.executable, "-c", code], env=dict(os.environ, XDG_CACHE_HOME=str(cache)),
+    r = subprocess.run([sys.executable, "-c", code], env=dict(os.environ, LEAPVOX_HOME=str(cache)),
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     assert not any(cache.rglob("*.so")), "nothing may be built without a compiler"

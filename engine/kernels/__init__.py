@@ -14,8 +14,9 @@ groups of 64: `quantize4`, `pack4`) and `qwen3_layer`: a whole w8a8 / w4a8 decod
 Nothing here is needed: leapvox installs with pip alone and runs torch's kernels when this one is not available:
 a CPU without AVX-512 VNNI, no C++ compiler (`c++`, or $CXX), no torch headers, `LEAPVOX_KERNELS=0`, or a build or
 self-check that failed (`unavailable_reason()` says which; `leapvox doctor` prints it). The build runs once per
-torch version and source (about 15-30 s), prints one line, and is cached under ~/.cache/leapvox/kernels
-($XDG_CACHE_HOME respected), written atomically so concurrent first runs cannot load half a library.
+torch version and source (about 15-30 s), prints one line, and is cached in leapvox's cache folder (kernels/, under
+$LEAPVOX_HOME when that is set, else ~/.cache/leapvox on Linux; `leapvox paths` shows it), written atomically so
+concurrent first runs cannot load half a library.
 
 A library prebuilt for exactly these sources and this torch version (`python -m leapvox.engine.kernels prebuild`,
 which packaging/build.sh runs so the standalone bundle, which has no compiler or torch headers, gets the kernels
@@ -53,8 +54,10 @@ def notice(msg: str) -> None:
 
 
 def cache_dir() -> Path:
-    root = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(root) / "leapvox" / "kernels"
+    """Where built libraries are kept: leapvox's cache folder (under $LEAPVOX_HOME when it is set; `leapvox paths`)."""
+    from leapvox.engine.dirs import base_dirs
+
+    return base_dirs()["cache"] / "kernels"
 
 
 def cpu_flags() -> set[str]:
