@@ -11,6 +11,7 @@ forward; with a dict the call continues where the previous call on that dict sto
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, fields
 
@@ -121,9 +122,16 @@ def _swiglu(mlp: nn.Module, x: torch.Tensor) -> torch.Tensor:
 
 
 def _onednn(x: torch.Tensor) -> bool:
-    """Whether oneDNN's convolution can take x (a CPU torch build with oneDNN, fp32 or bf16)."""
-    cpu = x.device.type == "cpu" and x.dtype in (torch.float32, torch.bfloat16)
-    return cpu and torch.backends.mkldnn.is_available()
+    """Whether oneDNN's convolution can take x (a CPU torch build with oneDNN, fp32, or bf16 where the CPU has
+    oneDNN's bf16 path: AVX-512 BW/VL/DQ or AVX-NE-CONVERT; elsewhere torch's own bf16 convolution runs)."""
+    if x.device.type != "cpu" or not torch.backends.mkldnn.is_available():
+        return False
+    return x.dtype == torch.float32 or x.dtype == torch.bfloat16 and _onednn_bf16()
+
+
+@functools.cache
+def _onednn_bf16() -> bool:
+    return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
 
 # Dense convs with at least this many (in x out) channel pairs take im2col + one matmul instead of oneDNN: oneDNN

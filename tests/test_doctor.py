@@ -234,7 +234,10 @@ def test_every_weight_format_is_probed_and_the_auto_default_is_resolved(capsys, 
     assert probe["ms"]["int8"] > 0 and probe["default"] == "auto" and probe["default_here"] == here
     code, out, _ = doctor(capsys, "--model", TINY)
     formats = out[out.index("formats"): out.index("backends")]
-    assert "not probed" not in formats and f"default auto = {here} here" in formats
+    # only w4a8 may be left unprobed, and only where its kernel cannot run (a CPU without AVX-512 VNNI, no compiler)
+    unprobed = re.findall(r"(\w+) not probed", formats)
+    assert unprobed == (["w4a8"] if w4a8_unavailable_reason() else []), formats
+    assert f"default auto = {here} here" in formats
     assert re.search(r"int8 \d+\.\d{3} ms", formats), formats
 
 

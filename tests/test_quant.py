@@ -138,7 +138,7 @@ def test_code_agreement_with_fp32(ckpt, weights):
         "codes1_15_greedy_agreement",
         "codes1_15_sampled_agreement",
     ):
-        assert a[key] >= bound, (key, a)
+        assert a[key] >= bound - 1e-6, (key, a)  # a float32 share: 0.9 there is 0.89999998
 
 
 def test_speak_with_int8_weights_and_the_old_dtype_option(tmp_path, capsys):
