@@ -4,12 +4,11 @@ Only argparse and the standard library at import time, and nothing here imports 
 from __future__ import annotations
 
 import argparse
-import math
 import re
 import sys
 from dataclasses import replace
 
-from leapvox.engine.options import BACKEND_CHOICES, COMPUTE_UNIT_CHOICES
+from leapvox.engine.options import BACKEND_CHOICES, COMPUTE_UNIT_CHOICES, check_options, check_text
 from leapvox.models.catalog import default_model
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
@@ -145,6 +144,11 @@ def _check_no_nul(text: str, where: str) -> None:
                          hint="give a UTF-8 text file")
 
 
+# byte order marks of the other Unicode encodings a text file may be in (UTF-32's first: FF FE starts both)
+_BOMS = ((b"\xff\xfe\x00\x00", "UTF-32"), (b"\x00\x00\xfe\xff", "UTF-32"), (b"\xff\xfe", "UTF-16"),
+         (b"\xfe\xff", "UTF-16"))
+
+
 def read_text(args) -> str:
     """The text of `TEXT`, `-` (standard input) or `-f FILE`, cleaned of control characters and escape sequences
     and stripped; a usage error when there is none, or when it is not UTF-8 text or holds a NUL byte."""
@@ -153,10 +157,15 @@ def read_text(args) -> str:
     if args.file is not None:
         where = str(args.file)
         try:
-            text = args.file.read_bytes().decode("utf-8")
+            data = args.file.read_bytes()
+            text = data.decode("utf-8")
         except OSError as e:
             raise UsageError(f"cannot read {args.file}: {e.strerror or e}") from None
         except UnicodeDecodeError as e:
+            utf = next((name for bom, name in _BOMS if data.startswith(bom)), None)
+            if utf:
+                raise UsageError(f"cannot read {args.file}: it is {utf} text (it starts with a {utf} byte order mark), "
+                                 "not UTF-8", hint=f"convert it, e.g. iconv -f {utf} -t UTF-8") from None
             raise UsageError(f"cannot read {args.file}: it is not UTF-8 text (byte 0x{e.object[e.start]:02x} at "
                              f"offset {e.start})", hint="convert it, e.g. iconv -f latin1 -t utf-8") from None
         if text.startswith("\ufeff"):  # a UTF-8 byte order mark
@@ -166,8 +175,10 @@ def read_text(args) -> str:
         try:
             text = sys.stdin.read()
         except UnicodeDecodeError as e:
-            raise UsageError(f"cannot read standard input: it is not {e.encoding} text (byte "
-                             f"0x{e.object[e.start]:02x} at offset {e.start})", hint="pipe UTF-8 text") from None
+            utf = next((name for bom, name in _BOMS if e.start < 4 and e.object.startswith(bom)), None)
+            raise UsageError(f"cannot read standard input: it is {f'{utf} text, not' if utf else 'not'} {e.encoding} "
+                             f"text (byte 0x{e.object[e.start]:02x} at offset {e.start})",
+                             hint=f"pipe it through iconv -f {utf} -t UTF-8" if utf else "pipe UTF-8 text") from None
     elif args.text is not None:
         where, text = "the text", args.text
     else:
@@ -196,38 +207,35 @@ def sampling_args(p, args):
     return given(p, **values)
 
 
-def check_sampling_flags(args) -> None:
-    """The values of speak's numeric flags, named as the user typed them: a usage error (exit 2) before any loading."""
-    def bad(flag, value, rule, hint=None):
-        raise UsageError(f"{flag} must be {rule}, got {value:g}" if isinstance(value, float) else
-                         f"{flag} must be {rule}, got {value}", hint=hint)
+def cli_name(key: str) -> str:
+    """An option as the command line spells it: top_k -> --top-k; the text is "the text"."""
+    return "the text" if key == "text" else "--" + key.replace("_", "-")
 
-    t = getattr(args, "temperature", None)
-    if t is not None and not (t >= 0 and math.isfinite(t)):
-        bad("--temperature", t, ">= 0", "try 0.9; 0 (or --greedy) picks the most likely code")
-    k = getattr(args, "top_k", None)
-    if k is not None and k < 0:
-        bad("--top-k", k, ">= 0 (0 disables it)")
-    top_p = getattr(args, "top_p", None)
-    if top_p is not None and not 0.0 < top_p <= 1.0:
-        bad("--top-p", top_p, "in (0, 1]", "1.0 disables it")
-    r = getattr(args, "repetition_penalty", None)
-    if r is not None and not (r > 0 and math.isfinite(r)):
-        bad("--repetition-penalty", r, "> 0", "1.0 disables it")
-    m = getattr(args, "max_frames", None)
-    if m is not None and m < 1:
-        bad("--max-frames", m, ">= 1")
-    w = getattr(args, "window", None)
-    if w is not None and w < 1:
-        bad("--window", w, ">= 1 frame")
+
+# speak's flags under the one set of option rules (engine.options.check_options)
+CHECKED_FLAGS = ("seed", "temperature", "top_k", "top_p", "repetition_penalty", "max_frames", "window", "mode",
+                 "greedy", "device", "play", "speaker")
+
+
+def check_flags(args) -> list[str]:
+    """The values of speak's flags, named as the user typed them: a usage error (exit 2) before any loading; else
+    a warning for each flag that will have no effect (--window with --mode ar, --top-k with --greedy)."""
+    return check_options({k: getattr(args, k, None) for k in CHECKED_FLAGS}, cli_name)
+
+
+def check_speak(args, text: str) -> None:
+    """What speak checks first, in no time: the text (something to say), the flags' values (warnings for those
+    without effect said now) and --backend."""
+    check_text(text, cli_name("text"))
+    for warning in check_flags(args):
+        say(f"warning: {warning}")
+    check_backend(args)
 
 
 def precheck_speak(args) -> None:
-    """What speak can check before the slow model load: the flags' values, then (from the model's config.json and
-    generation_config.json alone) the speaker, language and the options as `validate` will see them. A Hub model
-    that is not downloaded yet is checked after `load` pulls it, as before."""
-    check_sampling_flags(args)
-    check_backend(args)
+    """What speak can check before the slow model load from the model's config.json and generation_config.json
+    alone: the speaker, language and the options as `validate` will see them. A Hub model that is not downloaded
+    yet is checked after `load` pulls it, as before."""
     from leapvox.engine.options import validate
     from leapvox.models.checkpoint import load_config, model_defaults
     from leapvox.models.hub import NotCachedError, resolve_model_path

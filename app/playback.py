@@ -97,11 +97,11 @@ def output_devices() -> list[OutputDevice]:
     ]
 
 
-def resolve_device(spec: str | int | None) -> int | None:
+def resolve_device(spec: str | int | None, devices: list[OutputDevice] | None = None) -> int | None:
     """--device value -> PortAudio device index: an index, or a unique part of a device name; None = default."""
     if spec is None or spec == "":
         return None
-    devices = output_devices()
+    devices = output_devices() if devices is None else devices
     if str(spec).isdigit():
         if any(d.index == int(spec) for d in devices):
             return int(spec)
@@ -111,6 +111,19 @@ def resolve_device(spec: str | int | None) -> int | None:
         return hits[0].index
     what = "no output device" if not hits else f"{len(hits)} output devices"
     raise InputError(f"{what} named like {spec!r}", hint="'leapvox devices' lists them; give the number")
+
+
+def check_device(spec: str | int | None) -> int | None:
+    """resolve_device(spec) where there is something to play on, asked of PortAudio without opening a stream (fast,
+    before a model loads): AudioUnavailable (exit 1) with no output device at all, or none as the default."""
+    devices = output_devices()
+    if not devices:
+        raise AudioUnavailable("no audio output device", hint="on a machine without sound, write the audio with "
+                               "-o out.wav ('leapvox devices' lists the devices)")
+    if spec in (None, "") and not any(d.is_default for d in devices):
+        raise AudioUnavailable("no default audio output device", hint="pick one with --device ('leapvox devices' "
+                               "lists them)")
+    return resolve_device(spec, devices)
 
 
 def prebuffer_s(xrt: float | None, remaining_s: float | None, minimum: float = MIN_PREBUFFER_S) -> float:

@@ -4,16 +4,23 @@ request's validation into the options `leapvox speak` would use. No I/O beyond r
 from __future__ import annotations
 
 import hmac
+import logging
 from dataclasses import dataclass
 from types import SimpleNamespace
 
 from leapvox.engine.errors import InputError, LeapvoxError
-from leapvox.engine.options import MODES
+from leapvox.engine.options import MODES, OptionError, check_options, check_text
 
 from .common import clean_text, speak_options
 
 SPEECH_FIELDS = {"model", "input", "voice", "response_format", "speed", "instructions", "stream_format",
                  "mode", "seed", "language"}  # the last three are leapvox's own
+_FIELDS = {"text": "input", "instruct": "instructions", "speaker": "voice"}  # option -> the request's field
+
+
+def field_name(key: str) -> str:
+    """An option as a speech request spells it (engine.options.check_options): text -> input, seed -> seed."""
+    return _FIELDS.get(key, key)
 
 
 # ---- settings, errors ---------------------------------------------------------------------------------------
@@ -124,6 +131,8 @@ def _text(req: dict, field: str, limit: int, required: bool) -> str | None:
     text = clean_text(value)
     if required and not text:
         raise ApiError(400, f"'{field}' is empty: give some words to speak", field, "empty_input")
+    if required:
+        check_text(text, field)  # what `leapvox speak` refuses: "!!! ???" has nothing to say
     return text or None
 
 
@@ -137,7 +146,17 @@ def _choice(req: dict, field: str, choices, default):
 
 def parse_speech(req, model, settings: Settings, formats: list[str]):
     """A speech request's JSON -> (text, SynthesisOptions, format, cloned voice or None); ApiError for anything
-    wrong, before any work."""
+    wrong, before any work, by the rules `leapvox speak` checks its flags and text with (engine.options), each
+    field named as the request spells it; a field that will have no effect is a warning in the log."""
+    try:
+        return _parse_speech(req, model, settings, formats)
+    except OptionError as e:
+        raise ApiError(400, str(e), e.param) from None
+    except InputError as e:
+        raise ApiError(400, str(e)) from None
+
+
+def _parse_speech(req, model, settings: Settings, formats: list[str]):
     if not isinstance(req, dict):
         raise ApiError(400, "the request body must be a JSON object")
     unknown = sorted(set(req) - SPEECH_FIELDS)
@@ -165,8 +184,8 @@ def parse_speech(req, model, settings: Settings, formats: list[str]):
                        "unsupported_speed")
     mode = _choice(req, "mode", MODES, "ar")
     seed = req.get("seed")
-    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**63):
-        raise ApiError(400, "seed must be an integer in 0..2^63-1", "seed")
+    for warning in check_options({"seed": seed, "mode": mode}, field_name):  # the rules `leapvox speak` follows
+        logging.getLogger("leapvox.serve").warning("speech: %s", warning)  # as the stream's own warnings
     language = req.get("language", "auto")
     if not isinstance(language, str) or language.lower() not in cfg.languages:
         raise ApiError(400, f"unsupported language {str(language)[:40]!r}; supported: {', '.join(cfg.languages)}",
@@ -176,12 +195,11 @@ def parse_speech(req, model, settings: Settings, formats: list[str]):
                             no_guard=False, mode=mode, speaker=speaker, repetition_penalty=None,
                             max_frames=settings.max_frames)
     from leapvox.engine.options import validate
+    from leapvox.engine.synthesis import check_voice
 
     opts = speak_options(flags, model.defaults)
-    try:
-        validate(opts, cfg)
-    except InputError as e:
-        raise ApiError(400, str(e)) from None
+    check_voice(cfg, voice, instructions, field_name)
+    validate(opts, cfg)
     return text, opts, fmt, voice
 
 

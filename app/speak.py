@@ -19,6 +19,7 @@ from .common import (
     EXIT_OK,
     UsageError,
     backend_args,
+    check_speak,
     load,
     model_args,
     precheck_speak,
@@ -46,7 +47,8 @@ def add_commands(sub) -> None:
     )
     s.add_argument("text", nargs="?", help="text to speak; '-' reads standard input")
     s.add_argument("-f", "--file", type=Path, help="read the text from FILE")
-    s.add_argument("-o", "--output", help="WAV file to write; '-' writes the WAV to standard output")
+    s.add_argument("-o", "--output", help="file to write: a WAV, or by its extension FLAC (.flac), MP3 (.mp3) or Ogg "
+                   "Opus (.ogg, .opus); '-' writes a WAV to standard output (a pipe or file, not a terminal)")
     s.add_argument("--play", action="store_true", help="play through the speakers while synthesising (-o optional)")
     s.add_argument("--device", help="output device number or name for --play (see 'leapvox devices')")
     model_args(s)
@@ -59,7 +61,12 @@ def add_commands(sub) -> None:
                    help="Base models: clone the voice of this clip (wav, flac, ogg, mp3; 1-30 s) for this run")
     s.add_argument("--ref-text", help="with --ref-audio: what the clip says (ICL, closest to the clip); without it "
                    "the voice is cloned from the speaker embedding alone")
-    s.add_argument("--seed", type=int, help="random seed; the same seed gives the same codes as the official package")
+    s.add_argument("--ref-clean", action="store_true", help="with --ref-audio: trim the clip's leading and trailing "
+                   "silence (20 ms frames 40 dB below the loudest), level it to -20 dBFS RMS (peaks at most 0.95) and "
+                   "append 0.5 s of silence before encoding; by default the clip is used as the official package uses "
+                   "it: channels averaged, resampled to 24 kHz, nothing else")
+    s.add_argument("--seed", type=int, help="random seed, 0..2^64-1 (default: a fresh one each run); the same seed "
+                   "gives the same codes as the official package after torch.manual_seed(SEED)")
     s.add_argument("--temperature", type=float, help="sampling temperature for all codes (default 0.9)")
     s.add_argument("--top-k", type=int, help="keep the K most likely codes (default 50; 0 disables)")
     s.add_argument("--top-p", type=float, help="nucleus sampling mass (default 1.0 = off)")
@@ -114,18 +121,44 @@ class Progress:
 
 
 def _check_output(args) -> None:
+    """-o and --codes, before the model loads: a place that can be written (a file, a device, a FIFO), a format the
+    extension names, neither the -f text file nor each other, and no audio into a terminal."""
+    from leapvox.app.audio import file_format
+    from leapvox.models.files import output_problem, path_kind, same_file
+
     if not args.output and not args.play:
         raise UsageError("no output given", hint="add -o out.wav, -o - for standard output, or --play")
+    if args.output == "-" and sys.stdout.isatty():
+        raise _terminal("standard output")
+    paths = [(flag, Path(p).expanduser()) for flag, p in (("-o", args.output), ("--codes", args.codes))
+             if p is not None and p != "-"]
+    for flag, path in paths:
+        problem = output_problem(path)
+        if problem:
+            raise UsageError(f"cannot write {path}: {problem}",
+                             hint="give a file name, e.g. out.wav" if problem == "it is a folder" else None)
+        if path_kind(path) not in ("new", "file"):
+            continue  # a device or FIFO is written into, never replaced
+        if args.file is not None and same_file(path, args.file):
+            raise UsageError(f"{flag} {path} is the text file (-f): writing it would replace the text",
+                             hint=f"give {flag} another file name")
+        if flag == "--codes" and args.output not in (None, "-") and same_file(path, Path(args.output).expanduser()):
+            raise UsageError(f"--codes {path} is the -o file", hint="give the codes another file name, e.g. codes.json")
     if args.output and args.output != "-":
-        target = Path(args.output).expanduser()
-        if not target.parent.is_dir():
-            raise UsageError(f"cannot write {args.output}: its folder does not exist")
-        if target.is_dir():
-            raise UsageError(f"cannot write {args.output}: it is a folder", hint="give a file name, e.g. out.wav")
+        try:
+            file_format(args.output)
+        except ValueError as e:
+            raise UsageError(f"cannot write {args.output}: {Path(args.output).suffix!r} is not an audio format "
+                             "leapvox writes", hint=str(e)) from None
+
+
+def _terminal(dest: str) -> UsageError:
+    return UsageError(f"not writing audio into the terminal ({dest})",
+                      hint="redirect it (-o - > out.wav), pipe it (-o - | aplay), or give a file name")
 
 
 # errno name -> what to do about it, for an output that cannot be written
-_ELSEWHERE = "write somewhere else with -o"
+_ELSEWHERE = "write somewhere else with {flag}"
 _WRITE_HINTS = {
     getattr(errno, name, None): hint for name, hint in (
         ("EROFS", f"the file system is read-only; {_ELSEWHERE}"),
@@ -139,35 +172,77 @@ _WRITE_HINTS = {
 _WRITE_HINTS.pop(None, None)
 
 
-def write_error(args, e: OSError) -> LeapvoxError:
-    """An OSError of the output as one line with a hint (exit 1), instead of an internal error."""
-    dest = "standard output" if args.output == "-" else args.output
-    return LeapvoxError(f"cannot write {dest}: {e.strerror or e}", hint=_WRITE_HINTS.get(e.errno))
+def write_error(args, e: OSError, dest=None, flag: str = "-o") -> LeapvoxError:
+    """An OSError of the output (or of `dest`, given with `flag`) as one line with a hint (exit 1), instead of an
+    internal error."""
+    from leapvox.models.files import path_kind
+
+    dest = dest or ("standard output" if args.output == "-" else args.output)
+    hint = _WRITE_HINTS.get(e.errno)
+    if e.errno == errno.ENOSPC and dest != "standard output" and path_kind(dest) == "device":
+        hint = f"the device is full; {_ELSEWHERE}"  # /dev/full, say
+    return LeapvoxError(f"cannot write {dest}: {e.strerror or e}", hint=hint and hint.format(flag=flag))
 
 
 def _open_writer(args):
-    """The WAV writer of -o, made before the model loads so that an output that cannot be written fails first."""
-    from leapvox.app.audio import WavWriter
+    """The writer of -o, made (a temp file, a device or FIFO opened) before the model loads so that an output that
+    cannot be written fails first; the format follows the file's extension (standard output: WAV)."""
+    from leapvox.app.audio import WavWriter, file_format
 
     if not args.output:
         return None
     out = sys.stdout.buffer if args.output == "-" else Path(args.output).expanduser()
     try:
-        return WavWriter(out, None)
+        writer = WavWriter(out, None, "wav" if args.output == "-" else file_format(args.output))
     except OSError as e:
         raise write_error(args, e) from None
+    if writer.out.isatty():  # -o /dev/tty, -o /dev/stdout on a terminal
+        writer.abort()
+        raise _terminal(args.output)
+    return writer
 
 
-def _open_player(args, sample_rate: int):
-    from leapvox.app.playback import AudioUnavailable, Player, resolve_device
+def _audio_device(args) -> tuple[int | None, bool]:
+    """(--device's index, True) where --play can play, known before the model loads: no output device (exit 1) or
+    a --device that names none (exit 2) is one line now; with -o as well, no sound is a warning and (None, False)."""
+    from leapvox.app.playback import AudioUnavailable, check_device
 
     try:
-        return Player(sample_rate, resolve_device(args.device)).start()
+        return check_device(args.device), True
     except AudioUnavailable as e:
         if not args.output:
             raise
         say(f"warning: cannot play: {e} (writing {args.output} only)")
+        return None, False
+
+
+def _open_player(args, sample_rate: int, device: int | None):
+    from leapvox.app.playback import AudioUnavailable, Player
+
+    try:
+        return Player(sample_rate, device).start()
+    except AudioUnavailable as e:  # the device refused the stream
+        if not args.output:
+            raise
+        say(f"warning: cannot play: {e} (writing {args.output} only)")
         return None
+
+
+def _check_codes(args) -> None:
+    """--codes where a new file can be made (its folder writable), known before the model loads: the codes are
+    written last, after the whole synthesis. A device or FIFO is opened when they are written."""
+    import os
+    import tempfile
+
+    from leapvox.models.files import path_kind
+
+    if args.codes is None or path_kind(Path(args.codes).expanduser()) not in ("new", "file"):
+        return
+    try:
+        with tempfile.TemporaryFile(dir=Path(os.path.realpath(Path(args.codes).expanduser())).parent):
+            pass
+    except OSError as e:
+        raise write_error(args, e, args.codes, "--codes") from None
 
 
 def _output(args, fn, *a):
@@ -195,7 +270,10 @@ def _chunking(args, model) -> dict:
 def cmd_speak(args) -> int:
     text = read_text(args)
     _check_output(args)
-    precheck_speak(args)  # a bad --temperature, --speaker or --language: one line now, not after the load
+    check_speak(args, text)  # "!!! ???", a bad --seed or --top-p: one line now, not after the load
+    _check_codes(args)
+    device, play = _audio_device(args) if args.play else (None, False)  # no sound here: one line now
+    precheck_speak(args)  # a bad --speaker or --language, from the model's config.json
     ref_wav = _reference(args)  # a bad clip: one line now, not after the load
     writer = _open_writer(args)
     player, codes, stats = None, [], None
@@ -204,11 +282,12 @@ def cmd_speak(args) -> int:
         model = load(args, pull=True, say=quiet_or(args))
         opts = speak_options(args, model.defaults)
         voice = _voice(args, model, ref_wav)
-        player = _open_player(args, model.sample_rate) if args.play else None
+        player = _open_player(args, model.sample_rate, device) if play else None
         progress = Progress(sys.stderr.isatty() and not args.quiet and player is None)
         if writer is not None:
             _output(args, writer.start, model.sample_rate)
-        for chunk in model.synthesizer().stream(text, opts, voice=voice, **_chunking(args, model)):
+        for chunk in model.synthesizer().stream(text, opts, voice=voice, official_cut=not args.play,
+                                                **_chunking(args, model)):
             if player is not None:
                 player.feed(chunk.audio, chunk.stats.xrt, chunk.stats.est_remaining_s)
             if writer is not None:
@@ -240,12 +319,16 @@ def cmd_speak(args) -> int:
 
 
 def _reference(args):
-    """--ref-audio's clip, read and prepared (app.voices.read_reference), or None."""
+    """--ref-audio's clip, read as the official package reads it (with --ref-clean: also trimmed, levelled, padded;
+    app.voices.read_reference), or None."""
     if getattr(args, "ref_audio", None) is None:
+        if getattr(args, "ref_clean", False):
+            raise UsageError("--ref-clean goes with --ref-audio", hint="a saved voice's clip was read when it was "
+                             "added (leapvox voices add --ref-clean)")
         return None
     from leapvox.app.voices import read_reference
 
-    return read_reference(args.ref_audio)
+    return read_reference(args.ref_audio, getattr(args, "ref_clean", False))
 
 
 def _voice(args, model, ref_wav):
@@ -266,7 +349,10 @@ def _write_codes(path: Path, codes: list) -> None:
 
     from leapvox.models.files import write_text_atomic
 
-    write_text_atomic(path, json.dumps(torch.cat(codes).tolist()))
+    try:
+        write_text_atomic(path, json.dumps(torch.cat(codes).tolist()))
+    except OSError as e:
+        raise write_error(None, e, path, "--codes") from None
 
 
 def _summary(args, s, player) -> str:

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field, replace
 
 from .config import TTSConfig
 from .errors import InputError
+from .text import has_words
 
 # Where the text rows sit: all in the prompt (as the official package by default), or riding on frames.
 TEXT_LAYOUTS: tuple[str, ...] = ("non-streaming", "streaming")
@@ -83,34 +84,113 @@ class SynthesisOptions:
         )
 
 
+# torch.Generator.manual_seed takes a uint64 (a negative seed s there is 2**64 + s, an alias of one in range), and
+# the official package is seeded with torch.manual_seed: every seed it can be given, each spelled one way.
+SEED_MAX = 2**64 - 1
+
+
+def _int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _real(v) -> bool:
+    return _int(v) or isinstance(v, float) and math.isfinite(v)
+
+
+# What each option a person sets must be: field -> (test, rule, hint). The one set of rules behind the command line,
+# the server, the TUI and `validate`; each names an option as its user spells it (--top-k, top_k). A temperature
+# of 0 means greedy (as in OpenAI's clients); SamplingParams itself holds a temperature > 0.
+OPTION_RULES = {
+    "seed": (lambda v: _int(v) and 0 <= v <= SEED_MAX, "an integer in 0..2^64-1", "leave it out for a random seed"),
+    "temperature": (lambda v: _real(v) and v >= 0, ">= 0", "try 0.9; 0 (or --greedy) picks the most likely code"),
+    "top_k": (lambda v: _int(v) and v >= 0, ">= 0 (0 disables it)", "try 50"),
+    "top_p": (lambda v: _real(v) and 0 < v <= 1, "in (0, 1]", "1.0 disables it"),
+    "repetition_penalty": (lambda v: _real(v) and v > 0, "> 0", "1.0 disables it"),
+    "max_frames": (lambda v: _int(v) and v >= 1, ">= 1", f"frames are 80 ms; the default is {DEFAULT_MAX_FRAMES}"),
+    "window": (lambda v: _int(v) and v >= 1, ">= 1 frame", f"the default is {DEFAULT_WINDOW}"),
+    "speaker": (lambda v: isinstance(v, str) and v.strip() != "", "a speaker's name", "leave it out for the "
+                "model's first; leapvox speakers lists them"),
+}
+
+
+class OptionError(InputError):
+    """A bad option or text; `param` names it as the entry point spells it (a server's error says which field)."""
+
+    def __init__(self, param: str, message: str, hint: str | None = None):
+        super().__init__(message, hint)
+        self.param = param
+
+
+def _shown(v) -> str:
+    if isinstance(v, float):
+        return f"{v:g}"
+    return repr(v if len(v) <= 40 else v[:40] + "...") if isinstance(v, str) else str(v)
+
+
+def check_option(key: str, value, name: str | None = None) -> None:
+    """`value` (None: not given) against OPTION_RULES[key]; an OptionError naming it `name` (default `key`)."""
+    test, rule, hint = OPTION_RULES[key]
+    if value is not None and not test(value):
+        name = name or key
+        raise OptionError(name, f"{name} must be {rule}, got {_shown(value)}", hint)
+
+
+def check_options(given: dict, name=lambda key: key) -> list[str]:
+    """The options a person gave (option -> value; None or False: not given), each against OPTION_RULES, named
+    as the entry point spells them (`name("top_k")`: --top-k on the command line, top_k in a request): an
+    OptionError for the first bad one, else a warning for each one that will have no effect."""
+    for key, value in given.items():
+        if key in OPTION_RULES:
+            check_option(key, value, name(key))
+    warnings, mode = [], given.get("mode") or "ar"
+
+    def ignored(key: str, why: str) -> None:
+        if given.get(key) is not None:
+            warnings.append(f"{name(key)} has no effect {why}")
+
+    if mode != "windowed":
+        ignored("window", f"with {name('mode')} {mode}")
+    if given.get("greedy") or given.get("temperature") == 0:  # argmax: nothing is sampled
+        why = f"with {name('greedy')}" if given.get("greedy") else f"with {name('temperature')} 0"
+        for key in ("temperature", "top_k", "top_p") if given.get("greedy") else ("top_k", "top_p"):
+            ignored(key, why)
+    if not given.get("play"):
+        ignored("device", f"without {name('play')}")
+    return warnings
+
+
+def check_text(text: str, name: str = "the text") -> None:
+    """What makes a text speakable, for every entry point (`text` already cleaned of control characters): not
+    empty, and something to say (a letter or a digit: "!!! ???" has none)."""
+    if not text.strip():
+        raise OptionError(name, f"{name} is empty", hint="give some words to speak")
+    if not has_words(text):
+        raise OptionError(name, f"{name} has nothing to say: {_shown(text)} holds no letter or digit",
+                          hint="give some words to speak")
+
+
 def _check_sampling(name: str, p: SamplingParams) -> None:
     if not (p.temperature > 0 and math.isfinite(p.temperature)):
         raise InputError(f"{name} temperature must be > 0, got {p.temperature}", hint="try 0.9, or --greedy")
-    if p.top_k < 0:
-        raise InputError(f"{name} top-k must be >= 0 (0 disables it), got {p.top_k}")
-    if not 0.0 < p.top_p <= 1.0:
-        raise InputError(f"{name} top-p must be in (0, 1], got {p.top_p}")
+    check_option("top_k", p.top_k, f"{name} top-k")
+    check_option("top_p", p.top_p, f"{name} top-p")
 
 
 def validate(opts: SynthesisOptions, cfg: TTSConfig) -> SynthesisOptions:
     """Check options against the model; returns them with the speaker resolved and names lowercased."""
-    speaker = (opts.speaker or next(iter(cfg.talker.spk_id), "")).lower() or None
+    speaker = (opts.speaker or next(iter(cfg.talker.spk_id), "")).strip().lower() or None
     if speaker is not None and speaker not in cfg.talker.spk_id:
         raise InputError(f"unknown speaker {opts.speaker!r}", hint=f"speakers: {', '.join(cfg.speakers)}")
     language = opts.language.lower()
-    if language != "auto" and language not in cfg.talker.codec_language_id:
+    if language not in cfg.languages:  # as the official package: auto and the languages, not the dialects
         raise InputError(f"unknown language {opts.language!r}", hint=f"languages: {', '.join(cfg.languages)}")
     if opts.text_layout not in TEXT_LAYOUTS:
         raise InputError(f"unknown text layout {opts.text_layout!r}", hint=f"use one of {', '.join(TEXT_LAYOUTS)}")
     _check_sampling("talker", opts.talker)
     _check_sampling("code-predictor", opts.predictor)
-    if not (opts.repetition_penalty > 0 and math.isfinite(opts.repetition_penalty)):
-        raise InputError(f"repetition penalty must be > 0, got {opts.repetition_penalty}", hint="1.0 disables it")
     if opts.mode not in MODES:
         raise InputError(f"unknown decoding mode {opts.mode!r}", hint=f"this build offers: {', '.join(MODES)}")
-    if opts.window < 1:
-        raise InputError(f"window must be >= 1 frame, got {opts.window}", hint=f"the default is {DEFAULT_WINDOW}")
-    if opts.max_frames < 1:
-        raise InputError(f"max frames must be >= 1, got {opts.max_frames}")
+    for key in ("seed", "repetition_penalty", "window", "max_frames"):
+        check_option(key, getattr(opts, key))
     instruct = opts.instruct or None
     return replace(opts, speaker=speaker, language=language, instruct=instruct)

@@ -19,9 +19,8 @@ import torch
 from .backend import TorchBackend
 from .config import TTSConfig
 from .decode import ArCodes, DecodeStats, SpecCodes, frame_loop
-from .errors import InputError
 from .memory import return_freed_memory
-from .options import SynthesisOptions, guard_frames, validate
+from .options import OptionError, SynthesisOptions, check_text, guard_frames, validate
 from .prompt import ClonedVoice, Prompt, build_clone_prompt, build_prompt, wrap_instruct, wrap_ref_text, wrap_text
 from .spec import DraftPlan
 from .streaming import CROSSFADE_S, FIRST_CHUNK_FRAMES, MAX_CHUNK_FRAMES, Joiner, SpeechChunk, StreamStats, Tally
@@ -188,14 +187,15 @@ class Synthesizer:
     @torch.inference_mode()
     def decode(self, codes: torch.Tensor, ref_codes: torch.Tensor | None = None) -> np.ndarray:
         """Codes [F, 16] -> float32 waveform, with the reference 300/25-frame chunking. With `ref_codes` (an ICL
-        voice) they are decoded in front of `codes` and their audio cut off, exactly at the frame boundary."""
+        voice) they are decoded in front of `codes` and their audio cut off where the official package cuts it
+        (`icl_cut`: the frame boundary, or a sample before it)."""
         if codes.shape[0] == 0:
             return np.zeros(0, dtype=np.float32)
         ref = 0 if ref_codes is None else ref_codes.shape[0]
         if ref:
             codes = torch.cat([ref_codes.to(codes.device), codes])
-        wav = self.codec.chunked_decode(codes.T[None].to(self.codec_device))  # [1, 1, N]
-        return wav.reshape(-1)[ref * self.samples_per_frame :].float().cpu().numpy()
+        wav = self.codec.chunked_decode(codes.T[None].to(self.codec_device)).reshape(-1)  # [N]
+        return wav[icl_cut(ref, codes.shape[0], wav.shape[0]) :].float().cpu().numpy()
 
     @property
     def samples_per_frame(self) -> int:
@@ -217,6 +217,7 @@ class Synthesizer:
         crossfade_s: float = CROSSFADE_S,
         cancelled: Callable[[], bool] | None = None,
         voice: ClonedVoice | None = None,
+        official_cut: bool = False,
     ) -> Iterator[SpeechChunk]:
         """Speak `text` as a stream of SpeechChunks, checking `cancelled()` after every frame.
 
@@ -228,12 +229,14 @@ class Synthesizer:
 
         `voice` (Base models): every sentence is spoken in that cloned voice; with an ICL voice the codec is primed
         with the reference codes first (their audio is not handed out), so the speech continues the clip's signal
-        without a seam, as the official package decodes reference + output and cuts the reference off."""
+        without a seam, as the official package decodes reference + output and cuts the reference off. That cut
+        (`icl_cut`) can fall a sample before the frame boundary, depending on the sentence's frame count: with
+        `official_cut` each sentence's audio is held until its last frame and then starts where the official cut
+        falls (as `decode`); without it audio leaves as it is decoded, from the frame boundary."""
         opts = validate(opts, self.cfg)
         check_voice(self.cfg, voice, opts.instruct)
+        check_text(text)  # empty, or nothing to say ("!!! ???")
         sentences = split_sentences(text) if split else [" ".join(text.split())]
-        if not sentences or not sentences[0]:
-            raise InputError("the text is empty", hint="give some words to speak")
         sr = self.sample_rate
         tally = Tally(opts.mode, sentences, codes_per_frame=self.cfg.talker.num_code_groups - 1)
         script = uncovered_script(text, self.cfg.languages)
@@ -245,7 +248,9 @@ class Synthesizer:
         sampling = opts.talker.do_sample or opts.predictor.do_sample
         generator = make_generator(opts.seed) if sampling else None
         codec = self.codec.stream(official_chunking=True)
-        primed = primed_codec(codec, voice.ref_codes.T[None].to(self.codec_device)) if voice and voice.icl else None
+        primed, ref_tail = primed_codec(codec, voice.ref_codes.T[None].to(self.codec_device)) if voice and voice.icl \
+            else (None, None)
+        held = [] if official_cut and primed is not None else None  # the sentence's audio, until its frame count
         joiner = Joiner(int(round(crossfade_s * sr)))
         size, stop = first_chunk, False
 
@@ -258,7 +263,19 @@ class Synthesizer:
                 return_freed_memory()  # the chunk's activations: not kept by the C heap for the next
                 tally.current.codec_s += time.perf_counter() - t
                 tally.sentence_samples += len(wav)
+            if held is not None:
+                held.append(wav)
+                wav = wav[:0]
             return chunk(joiner.add(wav), codes, index)
+
+        def official_start(index: int) -> SpeechChunk:  # the held sentence, from where the official cut falls
+            ref, spf = voice.ref_codes.shape[0], len(ref_tail)
+            total = ref + sum(map(len, held)) // spf
+            lead = ref_tail[len(ref_tail) - (ref * spf - icl_cut(ref, total, total * spf)) :]  # 0 or 1 sample
+            tally.sentence_samples += len(lead)
+            audio = np.concatenate([lead, *held])
+            held.clear()
+            return chunk(joiner.add(audio), torch.zeros((0, 16), dtype=torch.long), index)
 
         def chunk(audio: np.ndarray, codes: torch.Tensor, index: int, final: bool = False) -> SpeechChunk:
             tally.audio_samples += len(audio)
@@ -287,6 +304,8 @@ class Synthesizer:
                 frames.close()
             if pending or stop:
                 yield emit(pending, index)
+            if held:
+                yield official_start(index)
             tally.finish("cancelled" if stop else "", tally.sentence_samples / sr)
             joiner.end_sentence()
             if stop:
@@ -294,7 +313,9 @@ class Synthesizer:
         yield chunk(joiner.flush(), torch.zeros((0, 16), dtype=torch.long), tally.sentence, final=True)
 
     def synthesize(self, text: str, opts: SynthesisOptions, **stream_args) -> Synthesis:
-        """The stream of `text`, joined: codes, audio and the final stats record."""
+        """The stream of `text`, joined: codes, audio and the final stats record (an ICL voice's audio starts where
+        the official package cuts: nobody waits for the first chunk)."""
+        stream_args.setdefault("official_cut", True)
         audio, codes, stats = [], [], None
         for c in self.stream(text, opts, **stream_args):
             audio.append(c.audio)
@@ -304,29 +325,37 @@ class Synthesizer:
                          stats.elapsed_s)
 
 
-def check_voice(cfg: TTSConfig, voice: ClonedVoice | None, instruct: str | None) -> None:
-    """A Base model speaks only in a cloned voice and takes no instruction; other model types take no cloned voice."""
+def check_voice(cfg: TTSConfig, voice: ClonedVoice | None, instruct: str | None, name=lambda key: key) -> None:
+    """A Base model speaks only in a cloned voice and takes no instruction; other model types take no cloned voice.
+    `name` spells a field as the entry point does (options.check_options)."""
     if cfg.tts_model_type == "base":
         if voice is None:
-            raise InputError("this Base model speaks in a cloned voice", hint="give --voice NAME (leapvox voices add) "
-                             "or --ref-audio CLIP [--ref-text ...]")
+            raise OptionError(name("voice"), "this Base model speaks in a cloned voice", hint="give a saved voice "
+                              "(leapvox voices add) or a reference clip")
         if instruct:
-            raise InputError("a Base model takes no --instruct", hint="style instructions need a CustomVoice 1.7B or "
-                             "VoiceDesign model")
+            raise OptionError(name("instruct"), f"a Base model takes no {name('instruct')}", hint="style "
+                              "instructions need a CustomVoice 1.7B or VoiceDesign model")
     elif voice is not None:
-        raise InputError(f"a {cfg.tts_model_type} model cannot speak in a cloned voice (that needs a Base model)",
-                         hint="voice cloning needs a Base model, e.g. --model qwen3-tts-0.6b-base")
+        raise OptionError(name("voice"), f"a {cfg.tts_model_type} model cannot speak in a cloned voice (that needs a "
+                          "Base model)", hint="voice cloning needs a Base model, e.g. qwen3-tts-0.6b-base")
 
 
-def primed_codec(codec, ref: torch.Tensor) -> dict:
+def icl_cut(ref_frames: int, total_frames: int, samples: int) -> int:
+    """Where the official package cuts the reference's audio off an ICL decode of `total_frames` frames (`samples`
+    samples): a floating-point proportion, which at some lengths falls one sample before the frame boundary."""
+    return int(ref_frames / max(total_frames, 1) * samples)
+
+
+def primed_codec(codec, ref: torch.Tensor) -> tuple[dict, np.ndarray]:
     """The state of `codec` (a CodecStream) after decoding the reference codes `ref` [1, 16, T] from a reset: taken
-    once, restored before every sentence (the reference's audio is discarded)."""
+    once, restored before every sentence; and the last frame of the reference's audio (the rest is discarded)."""
     import copy
 
     codec.reset()
-    codec.push(ref)
+    wav = codec.push(ref).reshape(-1)
     keep = {id(m): m for m in codec.decoder.modules()}  # share the network, copy the state
-    return copy.deepcopy({k: v for k, v in vars(codec).items() if k != "decoder"}, keep)
+    state = copy.deepcopy({k: v for k, v in vars(codec).items() if k != "decoder"}, keep)
+    return state, wav[len(wav) - len(wav) // ref.shape[-1] :].float().cpu().numpy()
 
 
 def setattr_all(obj, state: dict) -> None:

@@ -20,12 +20,13 @@ _CJK = re.compile(r"[\u3040-\u30ff\u3400-\u9fff\uac00-\ud7af]")
 
 def split_sentences(text: str, max_chars: int = SENTENCE_MAX_CHARS) -> list[str]:
     """Sentences of `text` in order, none longer than `max_chars`: cut at sentence ends (not after "Dr." or
-    "e.g.", not inside "3.14"), then overlong ones at clauses, then at words, then anywhere."""
+    "e.g.", not inside "3.14"), then overlong ones at clauses, then at words, then anywhere; pieces without a
+    letter or digit are left out."""
     text = " ".join(text.split())
     out: list[str] = []
     for sentence in _cut(text, _sentence_ends(text)):
         out += _fit(sentence, max_chars)
-    return out
+    return [s for s in out if has_words(s)]  # a piece of marks alone ("!!!", '"?"') has nothing to say
 
 
 def _sentence_ends(text: str) -> list[int]:
@@ -78,6 +79,11 @@ def _pack(parts: list[str], max_chars: int, sep: str) -> list[str]:
         else:
             out.append(p)
     return out
+
+
+def has_words(text: str) -> bool:
+    """Whether `text` has something to say: a letter or a digit, in any script ("!!! ???" has not)."""
+    return any(c.isalnum() for c in text)
 
 
 def estimate_audio_s(text: str) -> float:

@@ -68,6 +68,7 @@ def test_play_and_file_give_the_same_samples(tmp_path, monkeypatch, mode):
         return original(self, audio, *a, **k)
 
     monkeypatch.setattr(playback, "sounddevice_stream", _SoundCard)
+    monkeypatch.setattr(playback, "output_devices", lambda: [playback.OutputDevice(0, "fake", 1, 24000.0, True)])
     monkeypatch.setattr(playback.Player, "feed", feed)
     args = ["speak", TEXT, "--mode", mode, *DEMO_ARGS]
     assert main([*args, "--play", "--codes", str(tmp_path / "play.json")]) == 0

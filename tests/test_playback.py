@@ -196,6 +196,7 @@ def test_speak_play_through_a_fake_device(tmp_path, monkeypatch, capsys):
         return s
 
     monkeypatch.setattr(playback, "sounddevice_stream", fake)
+    monkeypatch.setattr(playback, "output_devices", lambda: [playback.OutputDevice(0, "fake", 1, 24000.0, True)])
     out = tmp_path / "p.wav"
     assert main([str(a) for a in ["speak", "One. Two.", "--play", "-o", out, *FAST]]) == 0
     err = capsys.readouterr().err

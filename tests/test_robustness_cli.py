@@ -72,7 +72,7 @@ def test_temp_file_that_cannot_be_made_fails_before_the_load(tmp_path, capsys, m
     def mkstemp(*a, **k):
         raise OSError(err_no, os.strerror(err_no))
 
-    monkeypatch.setattr("leapvox.app.audio.tempfile.mkstemp", mkstemp)
+    monkeypatch.setattr("leapvox.models.files.tempfile.mkstemp", mkstemp)
     code, out, err = run(capsys, "speak", "Hi.", "-o", tmp_path / "x.wav", "--model", MODEL, *FAST)
     line = one_line(err)
     assert code == 1 and out == ""
