@@ -29,6 +29,7 @@ from .serve_request import ApiError, Settings, api_error_of, check_key, parse_sp
 
 DEFAULT_PORT = 8880
 KEY_ENV = "LEAPVOX_API_KEY"
+CUT_S = 3.0  # after --grace, streams still running are ended; connections still open after this much more are closed
 
 
 def add_commands(sub) -> None:
@@ -103,15 +104,21 @@ def model_id(name: str) -> str:
 class SpeechResponse:
     """The ASGI response of one queued job: its status waits for the job's first bytes (so an error that comes
     before any audio still gets its status), then audio goes out as the worker delivers it. A disconnect, noticed
-    while waiting or while sending, cancels the job at once."""
+    while waiting or while sending, cancels the job at once. `cut()` (the server stopping) ends it after what has
+    been delivered: a complete response, its audio cut short (or a 503 before any audio)."""
 
-    def __init__(self, job, items: asyncio.Queue, headers: dict, log: logging.Logger):
-        self.job, self.items, self.headers, self.log = job, items, headers, log
+    def __init__(self, job, items: asyncio.Queue, headers: dict, log: logging.Logger, live: set):
+        self.job, self.items, self.headers, self.log, self.live = job, items, headers, log, live
+        self.sent = 0  # bytes of audio sent (a WAV's header included)
+
+    def cut(self) -> None:
+        self.items.put_nowait(("cut", None))
 
     async def __call__(self, scope, receive, send) -> None:
         import anyio
 
         self.scope = scope
+        self.live.add(self)
         try:
             async with anyio.create_task_group() as tg:
 
@@ -127,11 +134,21 @@ class SpeechResponse:
                 finally:
                     self.job.cancel()  # no effect once the worker has finished it
                     tg.cancel_scope.cancel()
-        except asyncio.CancelledError:  # the server stopping after its grace period: the stream is cut, not an error
-            self.log.info("speech cut: the server is stopping: %s", self.job.summary)
+        except asyncio.CancelledError:  # not ended even CUT_S after the grace (a client not reading): closed as it is
+            self.log.warning("speech cut: the server stopped with its response unfinished (%d bytes sent): %s",
+                             self.sent, self.job.summary)
+        finally:
+            self.live.discard(self)
 
     async def _send(self, send) -> None:
+        from .serve_queue import ShuttingDown
+
         kind, value = await self.items.get()
+        if kind == "cut":  # the server is stopping and nothing has gone out yet (mp3 and flac come at the end)
+            self.log.warning("speech cut before its audio: the server is stopping and the grace period is over: %s",
+                             self.job.summary)
+            await api_error_of(ShuttingDown()).response()(self.scope, None, send)
+            return
         if kind == "error":
             self._log_failure(value)
             await api_error_of(value).response()(self.scope, None, send)
@@ -140,10 +157,14 @@ class SpeechResponse:
         await send({"type": "http.response.start", "status": 200, "headers": headers})
         while kind == "data":
             await send({"type": "http.response.body", "body": value, "more_body": True})
+            self.sent += len(value)
             kind, value = await self.items.get()
         if kind == "error":  # after audio went out: cut the stream, so the client sees it incomplete
             self._log_failure(value)
             return
+        if kind == "cut":  # the server is stopping: end the stream where it is, as a complete response
+            self.log.warning("speech cut: the server is stopping and the grace period is over; the stream ended "
+                             "after %d bytes: %s", self.sent, self.job.summary)
         await send({"type": "http.response.body", "body": b"", "more_body": False})
 
     def _log_failure(self, e: Exception) -> None:
@@ -167,11 +188,12 @@ def build_app(model, settings: Settings, log: logging.Logger | None = None):
     from starlette.responses import JSONResponse
     from starlette.routing import Route
 
-    from .serve_queue import Encoder, Job, QueueFull, ShuttingDown, SpeechQueue, supported_formats
+    from .audio import Encoder, supported_formats
+    from .serve_queue import Job, QueueFull, ShuttingDown, SpeechQueue
 
     log = log or logging.getLogger("leapvox.serve")
     formats = supported_formats()
-    state = SimpleNamespace(queue=None)
+    state = SimpleNamespace(queue=None, responses=set())  # responses: SpeechResponses being sent
     cfg = model.config
 
     def guarded(handler):
@@ -226,7 +248,7 @@ def build_app(model, settings: Settings, log: logging.Logger | None = None):
                            headers={"Retry-After": str(e.retry_after)}) from None
         headers = {"Content-Type": encoder.content_type, "Cache-Control": "no-store",
                    "X-Sample-Rate": str(model.sample_rate)}
-        return SpeechResponse(job, items, headers, log)
+        return SpeechResponse(job, items, headers, log, state.responses)
 
     async def http_error(request, exc: HTTPException):
         return ApiError(exc.status_code, f"{request.method} {request.url.path}: {exc.detail}",
@@ -283,13 +305,35 @@ def listen(host: str, port: int):
                            hint="pick another --port (0 picks a free one)" if port else None) from None
 
 
+def load_on_own_thread(args):
+    """The model, loaded on a thread that has ended when this returns. torch's OpenMP runtime (libgomp) keeps a
+    pool of threads for each thread that ran parallel work, and while its pools hold more threads than there are
+    CPUs it sleeps between parallel regions instead of spin-waiting: after a load on the main thread, synthesis on
+    the worker thread was much slower than `leapvox speak` on an otherwise idle machine. The loader's pool ends with
+    it, so the worker's is the only one, as in `speak`."""
+    out = {}
+
+    def run() -> None:
+        try:
+            out["model"] = load(args, pull=True, say=quiet_or(args))
+        except BaseException as e:  # raised again on the main thread (a one-line error there)
+            out["error"] = e
+
+    thread = threading.Thread(target=run, name="leapvox-load", daemon=True)  # daemon: Ctrl-C does not wait for it
+    thread.start()
+    thread.join()
+    if "error" in out:
+        raise out["error"]
+    return out["model"]
+
+
 def cmd_serve(args) -> int:
 
     check_serve_args(args)
     require_model(args)
     sock = listen(args.host, args.port)
     try:
-        model = load(args, pull=True, say=quiet_or(args))
+        model = load_on_own_thread(args)
         settings = Settings(model_id(args.model), args.api_key, args.queue, args.max_input, args.max_frames,
                             args.log_text)
         app = build_app(model, settings, make_logger())
@@ -306,10 +350,16 @@ def cmd_serve(args) -> int:
     return EXIT_OK if server.started else 1
 
 
+def _cut_all(responses: set) -> None:
+    for response in list(responses):
+        response.cut()
+
+
 def make_server(app, grace: float):
     """A uvicorn server for `app` whose SIGINT/SIGTERM is a graceful stop: waiting requests get 503 at once, running
-    ones have `grace` seconds to finish before they are cut; then `run` returns (uvicorn itself would re-raise the
-    signal afterwards, inside its event loop). A second Ctrl-C stops at once."""
+    ones have `grace` seconds to finish, then their streams are ended where they are (complete responses, the audio
+    cut short, each named in the log); then `run` returns (uvicorn itself would re-raise the signal afterwards,
+    inside its event loop). A second Ctrl-C stops at once."""
     import uvicorn
 
     class Server(uvicorn.Server):
@@ -335,10 +385,11 @@ def make_server(app, grace: float):
             state = getattr(app.state, "leapvox", None)
             if state is not None and state.queue is not None:
                 state.queue.refuse_waiting()
+                asyncio.get_running_loop().call_later(grace, _cut_all, state.responses)
             await super().shutdown(sockets)
 
     log_config = copy.deepcopy(uvicorn.config.LOGGING_CONFIG)
     log_config["handlers"]["access"]["stream"] = "ext://sys.stderr"  # messages on stderr, like every command
-    config = uvicorn.Config(app, timeout_graceful_shutdown=grace, server_header=False, log_level="info",
+    config = uvicorn.Config(app, timeout_graceful_shutdown=grace + CUT_S, server_header=False, log_level="info",
                             log_config=log_config, lifespan="on")
     return Server(config)

@@ -185,3 +185,22 @@ async def _every_mode_fits_its_select(tmp_path):
 
 def test_every_mode_fits_its_select(tmp_path):
     asyncio.run(_every_mode_fits_its_select(tmp_path))
+
+
+async def _no_loading_entry_once_the_model_is_ready(tmp_path):
+    """Once the model is ready the speaker and language lists hold only its choices: no "(model loading)" entry is
+    left to choose (it used to stay, and choosing it spoke as the default speaker)."""
+    app = make_app(tmp_path, max_frames=2)
+    async with app.run_test(size=SIZE) as pilot:
+        await until(pilot, lambda: not app.query_one("#speak", Button).disabled)
+        for name, items in (("speaker", model().config.speakers), ("language", list(model().config.languages))):
+            select = app.query_one(f"#{name}", Select)
+            assert [v for _, v in select._options] == items and select.value == items[0]
+            select.focus()
+            await pilot.press("enter", "home", "enter")  # open the list, choose its first entry
+            assert select.value == items[0]
+        assert "model loading" not in app.export_screenshot()
+
+
+def test_no_loading_entry_once_the_model_is_ready(tmp_path):
+    asyncio.run(_no_loading_entry_once_the_model_is_ready(tmp_path))

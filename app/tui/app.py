@@ -18,10 +18,11 @@ from textual.containers import Horizontal
 from textual.widgets import Button, Footer, Header, TextArea
 from textual.worker import get_current_worker
 
+from leapvox.app.common import clean_text
 from leapvox.app.playback import AudioUnavailable, Player, output_devices
 from leapvox.engine.backend import available_backends
 from leapvox.engine.errors import LeapvoxError
-from leapvox.engine.options import MODES
+from leapvox.engine.options import MODES, check_text
 
 from .history import History
 from .messages import ModelFailed, ModelReady, SpeechFinished, SpeechProgress
@@ -138,14 +139,14 @@ class LeapvoxApp(App):
         for _ in model.synthesizer().stream("Hello.", replace(model.defaults, max_frames=2)):
             pass
 
-    def on_model_ready(self, msg: ModelReady) -> None:
+    async def on_model_ready(self, msg: ModelReady) -> None:
         if not self.is_running:  # quitting: the worker's late messages find the widgets gone
             return
         self.model = msg.model
         self.options = self.options or self.model.defaults
         info = self.query_one(ModelInfo)
         info.path, info.state = str(self.model.path), "ready"
-        self.query_one(VoiceBar).set_choices(self._speakers(), list(self.model.config.languages))
+        await self.query_one(VoiceBar).set_choices(self._speakers(), list(self.model.config.languages))
         self.query_one("#speak", Button).disabled = False
 
     def _speakers(self) -> list[str]:
@@ -173,9 +174,11 @@ class LeapvoxApp(App):
     def action_speak(self) -> None:
         if self.busy or self.model is None:
             return
-        text = self.query_one("#text", TextArea).text.strip()
-        if not text:
-            self.notify("type some text first", severity="warning")
+        text = clean_text(self.query_one("#text", TextArea).text)  # as `leapvox speak` and the server read text
+        try:
+            check_text(text)  # empty, or nothing to say ("!!! ???"): said here, before the worker starts
+        except LeapvoxError as e:
+            self.notify(f"{e}: type some words first", severity="warning")
             return
         voice = self.query_one(VoiceBar).voice
         base = self.model.model_type == "base"

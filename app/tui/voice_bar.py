@@ -40,12 +40,15 @@ class VoiceBar(Horizontal):
         yield Label("backend")
         yield Select([(b, b) for b in self.backends], id="backend", allow_blank=False, value=self.backends[0])
 
-    def set_choices(self, speakers: list[str], languages: list[str]) -> None:
+    async def set_choices(self, speakers: list[str], languages: list[str]) -> None:
+        """The model's choices in place of the "(model loading)" selectors: a list with entries has no blank one (a
+        blank choice would speak as the default speaker), so its first entry is selected; an empty one says none."""
         for sel_id, items in (("speaker", speakers), ("language", languages)):
-            sel = self.query_one(f"#{sel_id}", Select)
-            sel.set_options([(x, x) for x in items])
-            if items:
-                sel.value = items[0]
+            old = self.query_one(f"#{sel_id}", Select)
+            at = self.children.index(old)
+            await old.remove()  # Select's blank entry is fixed when it is made
+            await self.mount(Select([(x, x) for x in items], id=sel_id, allow_blank=not items, prompt="(none)"),
+                             before=at)
 
     @property
     def voice(self) -> Voice:

@@ -9,6 +9,13 @@ is refused), waits for it and stops it after. Each client sends its requests one
 runs from the first request to the last byte. xRT is the audio delivered per wall second over the whole level (all
 clients together), and per request (audio / its own wall time, queueing included). Speed on a shared machine is
 noisy: read it with the load average printed beside it.
+
+    python3 -m tests.benchmarks.serve_load --model demo --weights fp32 --vs-speak 6 --json serve-vs-speak.json
+
+`--vs-speak N` instead runs `leapvox speak TEXT -o FILE` and one request to the started server on the same sentence
+and seed, interleaved (A B B A ...), N rounds: speak's xRT from its summary line (synthesis only, the model load left
+out), the request's xRT as the client sees it (audio / time to the last byte) and as the server measured it (/health),
+medians and their ratio. `--old-server` adds a server that loads the model on its main thread, as before issue #37.
 """
 
 from __future__ import annotations
@@ -16,11 +23,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from statistics import median
 
 SENTENCES = [
     "The river rose slowly through the night.",
@@ -35,8 +45,14 @@ SENTENCES = [
 BYTES_PER_SECOND = 2 * 24000  # 16-bit mono PCM at 24 kHz
 
 
-def start_server(args) -> tuple[subprocess.Popen, str]:
-    cmd = [sys.executable, "-m", "leapvox.app.cli", "serve", "--model", args.model, "--weights", args.weights,
+# `leapvox serve` as it was before issue #37: the model loaded on the main thread (see serve.load_on_own_thread)
+OLD_SERVER = ("import sys; from leapvox.app import serve; from leapvox.app.cli import main; "
+              "serve.load_on_own_thread = lambda a: serve.load(a, pull=True); sys.exit(main())")
+
+
+def start_server(args, old: bool = False) -> tuple[subprocess.Popen, str]:
+    run = ["-c", OLD_SERVER] if old else ["-m", "leapvox.app.cli"]
+    cmd = [sys.executable, *run, "serve", "--model", args.model, "--weights", args.weights,
            "--port", "0", "--queue", str(max(args.levels)), "--grace", "5"]
     proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True)
     url = None
@@ -99,6 +115,79 @@ def run_level(client, model: str, voice: str, clients: int, requests: int) -> di
     }
 
 
+def speak_once(args, text: str, seed: int, out: str) -> dict:
+    """`leapvox speak` in its own process, as a user runs it; its numbers from its summary line."""
+    cmd = [sys.executable, "-m", "leapvox.app.cli", "speak", text, "-o", out, "--model", args.model, "--weights",
+           args.weights, "--seed", str(seed)]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    m = re.search(r"([\d.]+) s of audio, .*, ([\d.]+) s, xRT ([\d.]+)", proc.stderr)
+    if proc.returncode or not m:
+        raise SystemExit(f"speak failed (exit {proc.returncode}): {proc.stderr.strip()}")
+    return {"audio_s": float(m[1]), "elapsed_s": float(m[2]), "xrt": float(m[3])}
+
+
+def request_once(client, url: str, args, text: str, seed: int) -> dict:
+    """One streamed PCM request: the client's view, and the server's own numbers for it from /health."""
+    import urllib.request
+
+    r = one_request(client, args.model, args.voice, text, seed)
+    while True:  # the job's numbers are there once the worker has done its bookkeeping ("busy" until then)
+        with urllib.request.urlopen(url.removesuffix("/v1") + "/health") as h:
+            health = json.load(h)
+        if not health["busy"]:
+            break
+        time.sleep(0.02)
+    last = health["last"]
+    return {"audio_s": r["audio_s"], "wall_s": r["wall_s"], "xrt": r["audio_s"] / r["wall_s"],
+            "first_byte_s": r["first_byte_s"], "server_xrt": last["audio_s"] / last["elapsed_s"],
+            "server_first_audio_s": last["first_audio_s"]}
+
+
+def vs_speak(args) -> None:
+    """`leapvox speak` and single server requests on the same sentences and seeds, interleaved."""
+    import openai
+
+    servers = {"server": start_server(args)}
+    if args.old_server:
+        servers["old server"] = start_server(args, old=True)
+    clients = {name: openai.OpenAI(base_url=url, api_key=args.api_key, max_retries=0, timeout=3600)
+               for name, (_, url) in servers.items()}
+    names, rows = ["speak", *servers], []
+    out = os.path.join(tempfile.mkdtemp(prefix="leapvox-bench-"), "speak.wav")
+    try:
+        for name in servers:  # warm-up: the first request pays one-time costs, as speak's own warm-up frames
+            request_once(clients[name], servers[name][1], args, SENTENCES[0], seed=0)
+        for i in range(args.vs_speak):
+            text, seed = SENTENCES[i % len(SENTENCES)], 100 + i
+            for name in names if i % 2 == 0 else names[::-1]:
+                r = (speak_once(args, text, seed, out) if name == "speak"
+                     else request_once(clients[name], servers[name][1], args, text, seed))
+                rows.append({"round": i, "who": name, **r})
+                extra = f" (server-side {r['server_xrt']:.3f})" if "server_xrt" in r else ""
+                print(f"round {i}: {name:10s} {r['audio_s']:.2f} s of audio, xRT {r['xrt']:.3f}{extra}, load "
+                      f"{os.getloadavg()[0]:.1f}", flush=True)
+    finally:
+        for proc, _ in servers.values():
+            proc.terminate()
+            proc.wait(60)
+    summary = {}
+    for name in names:
+        mine = [r for r in rows if r["who"] == name]
+        summary[name] = {k: median(r[k] for r in mine) for k in ("xrt", "server_xrt", "first_byte_s")
+                         if k in mine[0]}
+    base = summary["speak"]["xrt"]
+    print("\n| who | xRT median (client) | xRT median (server-side) | first byte median | vs speak (client) |")
+    print("|---|---|---|---|---|")
+    for name in names:
+        s = summary[name]
+        print(f"| {name} | {s['xrt']:.3f} | {s.get('server_xrt', s['xrt']):.3f} | "
+              f"{'-' if 'first_byte_s' not in s else format(s['first_byte_s'], '.2f') + ' s'} | "
+              f"{s['xrt'] / base:.2f}x |")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"model": args.model, "weights": args.weights, "rounds": args.vs_speak, "summary": summary,
+                       "runs": rows, "cpus": os.cpu_count(), "load_avg": os.getloadavg()}, f, indent=1)
+
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -111,11 +200,16 @@ def main() -> None:
     p.add_argument("--requests", type=int, default=16, help="requests per level (default 16)")
     p.add_argument("--warmup", type=int, default=1, help="requests before the first level (default 1)")
     p.add_argument("--json", help="also write the results here")
+    p.add_argument("--vs-speak", type=int, metavar="ROUNDS", help="compare one request with `leapvox speak` instead "
+                   "(ROUNDS interleaved rounds, one sentence each)")
+    p.add_argument("--old-server", action="store_true", help="with --vs-speak: also a server started the old way")
     args = p.parse_args()
     args.levels = [int(x) for x in args.levels.split(",")]
 
     import openai
 
+    if args.vs_speak:
+        return vs_speak(args)
     proc, url = (None, args.url) if args.url else start_server(args)
     try:
         client = openai.OpenAI(base_url=url, api_key=args.api_key, max_retries=0, timeout=3600)
