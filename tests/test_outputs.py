@@ -12,6 +12,7 @@ import stat
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -71,8 +72,16 @@ def _reader(path: Path, got: bytearray) -> threading.Thread:
 
 def _release(path: Path, t: threading.Thread) -> None:
     """Let a reader still waiting on the FIFO go (when nothing opened it for writing)."""
-    if t.is_alive() and stat.S_ISFIFO(os.stat(path).st_mode):
-        os.close(os.open(path, os.O_WRONLY | os.O_NONBLOCK))
+    for _ in range(1000):  # the reader may not have reached its open() yet: no reader is ENXIO, try again
+        if not (t.is_alive() and stat.S_ISFIFO(os.stat(path).st_mode)):
+            break
+        try:
+            os.close(os.open(path, os.O_WRONLY | os.O_NONBLOCK))
+            break
+        except OSError as e:
+            if e.errno != errno.ENXIO:
+                raise
+            time.sleep(0.01)
     t.join(10)
 
 

@@ -112,6 +112,8 @@ def warp(params, logits):
     return temperature_top_k_top_p(logits[None].float(), params)[0]
 
 
+# ~2 minutes a case on two cores: CI runs them (-m slow); test_acceptance_rule_is_lossless checks the same rule exactly
+@pytest.mark.slow
 @pytest.mark.parametrize("variant", ["zero_offsets", "random_offsets", "one_node"])
 def test_spec_output_distribution_equals_ar(variant):
     cp = _tiny_predictor()
