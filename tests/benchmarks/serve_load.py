@@ -13,9 +13,10 @@ noisy: read it with the load average printed beside it.
     python3 -m tests.benchmarks.serve_load --model demo --weights fp32 --vs-speak 6 --json serve-vs-speak.json
 
 `--vs-speak N` instead runs `leapvox speak TEXT -o FILE` and one request to the started server on the same sentence
-and seed, interleaved (A B B A ...), N rounds: speak's xRT from its summary line (synthesis only, the model load left
-out), the request's xRT as the client sees it (audio / time to the last byte) and as the server measured it (/health),
-medians and their ratio. `--old-server` adds a server that loads the model on its main thread, as before issue #37.
+and seed, interleaved (A B, B A, ...: the order rotates by round), N rounds: speak's xRT from its summary line
+(synthesis only, the model load left out), the request's xRT as the client sees it (audio / time to the last byte)
+and as the server measured it (/health), medians and their ratio. `--old-server` adds a server that loads the model
+on its main thread, as before issue #37.
 """
 
 from __future__ import annotations
@@ -159,10 +160,10 @@ def vs_speak(args) -> None:
             request_once(clients[name], servers[name][1], args, SENTENCES[0], seed=0)
         for i in range(args.vs_speak):
             text, seed = SENTENCES[i % len(SENTENCES)], 100 + i
-            for name in names if i % 2 == 0 else names[::-1]:
+            for name in names[i % len(names):] + names[: i % len(names)]:  # rotated: each follows each in turn
                 r = (speak_once(args, text, seed, out) if name == "speak"
                      else request_once(clients[name], servers[name][1], args, text, seed))
-                rows.append({"round": i, "who": name, **r})
+                rows.append({"round": i, "who": name, **r, "load_avg_1min": os.getloadavg()[0]})
                 extra = f" (server-side {r['server_xrt']:.3f})" if "server_xrt" in r else ""
                 print(f"round {i}: {name:10s} {r['audio_s']:.2f} s of audio, xRT {r['xrt']:.3f}{extra}, load "
                       f"{os.getloadavg()[0]:.1f}", flush=True)
