@@ -178,9 +178,9 @@ def build_checkpoint(folder: Path, cfg: dict, codec_cfg: dict | None = None, say
     Reuses a finished one (marked by bench.json with this recipe version); writes to a temp folder first."""
     from safetensors.torch import save_file
 
-    from leapvox.engine.codec import CodecConfig, CodecDecoder
     from leapvox.engine.config import TTSConfig
-    from leapvox.engine.talker import TTSModel
+    from leapvox.engine.nets.codec import CodecConfig, CodecDecoder
+    from leapvox.engine.nets.talker import TTSModel
 
     folder = Path(folder)
     codec_cfg = codec_cfg or SPEECH_TOKENIZER
@@ -292,7 +292,7 @@ def predictor_call_times(cp, sizes=TREE_SIZES, repeats: int = 5, prefix: int = 8
     """Per call, after `prefix` cached rows: an ar call (1 row + its head) through the hot loop
     (engine.predictor) and through the predictor's modules ("module", the generic path), and verify calls over
     N draft nodes (N+1 rows under a tree mask, one head), all timed back to back round-robin."""
-    from leapvox.engine.predictor import PredictorLoop
+    from leapvox.engine.fast.predictor import PredictorLoop
 
     hc = cp.cfg.hidden_size
     dtype = cp.model.norm.weight.dtype
@@ -326,7 +326,7 @@ def predictor_call_times(cp, sizes=TREE_SIZES, repeats: int = 5, prefix: int = 8
 def predictor_frame_times(cp, params, frames: int, module_loop: bool = False) -> list[float]:
     """Seconds of the whole 15-code ar loop (calls, sampling, embeddings) per frame, on random inputs: the hot loop
     leapvox runs (`predict_codes`), or with `module_loop` the plain loop over the predictor's modules."""
-    from leapvox.engine.predictor import predict_codes, predict_codes_reference
+    from leapvox.engine.fast.predictor import predict_codes, predict_codes_reference
 
     g = torch.Generator().manual_seed(0)
     dtype = cp.model.norm.weight.dtype
@@ -372,18 +372,29 @@ def end_to_end(synth, opts, text: str = TEXT) -> dict:
             wav = codec.push(torch.stack(frames).T[None].to(synth.codec_device))
         if return_freed_memory is not None:  # as Synthesizer.stream does after each chunk
             return_freed_memory()
-        stats.codec_s += time.perf_counter() - t
+        codec_s[0] += time.perf_counter() - t
         samples += wav.numel()
         if first is None and wav.numel():
             first = time.perf_counter() - t0
 
-    for frame in synth.frames(text, opts, stats, warnings):
-        pending.append(frame)
+    codec_s = [0.0]
+    try:
+        steps = synth.frames(text, opts)  # steps: a frame (none on the last) and the utterance's stats
+    except TypeError:  # a leapvox before steps: frames, filling the `stats` passed in
+        from types import SimpleNamespace
+
+        steps = (SimpleNamespace(frame=f, stats=stats) for f in synth.frames(text, opts, stats, warnings))
+    for step in steps:
+        stats = step.stats
+        if step.frame is None:
+            break
+        pending.append(step.frame)
         if len(pending) >= size:
             push(pending)
             pending, size = [], min(2 * size, MAX_CHUNK_FRAMES)
     if pending:
         push(pending)
+    stats.codec_s += codec_s[0]
     elapsed = time.perf_counter() - t0
     n = max(stats.frames, 1)
     audio_s = samples / synth.sample_rate
@@ -415,7 +426,7 @@ def measure_format(
     memory figure). Windowed mode attends to `window` frames (default `bench_window(frames)`)."""
     from dataclasses import replace
 
-    from leapvox.engine.quant import linear_weight_bytes
+    from leapvox.engine.fast.quant import linear_weight_bytes
     from leapvox.models.load import load_model
 
     t0 = time.perf_counter()
@@ -753,7 +764,7 @@ def ratios(result: dict) -> dict:
 
 def tree_speedup(result: dict, acceptance: list[list[float]] | None = None) -> dict:
     """Per weight format and tree size N: the verify call's cost over an ar call, and (with a rank-acceptance table
-    from `leapvox calibrate-tree`, acceptance[depth][rank]) the expected tokens per call of the greedy tree of N
+    from `leapvox recipe tree`, acceptance[depth][rank]) the expected tokens per call of the greedy tree of N
     nodes over whole 15-code frames and the resulting inner-loop speedup over ar, tokens per call / cost (the
     paper's Fig. 4 for this CPU). Random weights say nothing about acceptance, so without a table only the cost
     side is filled."""
@@ -774,11 +785,11 @@ def tree_speedup(result: dict, acceptance: list[list[float]] | None = None) -> d
 
 
 def read_acceptance(path: Path) -> list[list[float]]:
-    """The rank-acceptance table [depth][rank] of a calibrate-tree JSON (its tree file or its --json output)."""
+    """The rank-acceptance table [depth][rank] of a `recipe tree` JSON (its tree file or its --json output)."""
     data = json.loads(Path(path).read_text())
     table = data.get("rank_acceptance") if isinstance(data, dict) else data
     if not (isinstance(table, list) and table and all(isinstance(r, list) and r for r in table)):
-        raise ValueError(f"{path} holds no rank_acceptance table (write one with leapvox calibrate-tree --json)")
+        raise ValueError(f"{path} holds no rank_acceptance table (write one with leapvox recipe tree --json)")
     return [[float(v) for v in r] for r in table]
 
 
@@ -855,7 +866,7 @@ def run_bench(
 ) -> dict:
     """The whole benchmark on the checkpoint in `folder`: every weight format (each in its own process when
     `isolate`), then the official package on the same folder when asked and available. `acceptance`: a
-    calibrate-tree JSON whose rank-acceptance table turns the verify costs into speedups (`tree_speedup`)."""
+    `recipe tree` JSON whose rank-acceptance table turns the verify costs into speedups (`tree_speedup`)."""
     say = say or (lambda m: None)
     table_ = read_acceptance(acceptance) if acceptance else None
     result = {
@@ -939,7 +950,7 @@ def _parser():
     b.add_argument(
         "--acceptance",
         type=Path,
-        help="a calibrate-tree JSON (rank acceptance): turns verify costs into the speedup-vs-N curve",
+        help="a `recipe tree` JSON (rank acceptance): turns verify costs into the speedup-vs-N curve",
     )
     b.add_argument("--json", type=Path, default=Path("bench.json"), help="where to write the raw numbers")
     b.add_argument("--no-plots", action="store_true", help="do not write the PNG plots")
@@ -981,7 +992,7 @@ def main(argv: list[str] | None = None) -> int:
 def _run(args) -> int:
     global REFERENCE_PYTHON
 
-    from leapvox.engine.quant import WEIGHT_FORMATS
+    from leapvox.engine.fast.quant import WEIGHT_FORMATS
 
     weights = _list(args.weights, WEIGHT_FORMATS, "weight format")  # default: WEIGHTS; any format the loader takes
     modes = _list(args.modes, MODES, "mode")
@@ -992,12 +1003,12 @@ def _run(args) -> int:
     if (args.threads is not None and args.threads < 1) or (args.window is not None and args.window < 1):
         raise _Usage("--threads and --window must be >= 1")
     if args.acceptance is not None and not args.acceptance.is_file():
-        raise _Usage(f"no acceptance file {args.acceptance}", hint="write one with leapvox calibrate-tree --json")
+        raise _Usage(f"no acceptance file {args.acceptance}", hint="write one with leapvox recipe tree --json")
     if args.acceptance is not None:
         try:
             read_acceptance(args.acceptance)
         except ValueError as e:  # also a file that is not JSON
-            raise _Usage(str(e), hint="write one with leapvox calibrate-tree --json") from None
+            raise _Usage(str(e), hint="write one with leapvox recipe tree --json") from None
     if args.reference_python is not None:
         REFERENCE_PYTHON = args.reference_python
 

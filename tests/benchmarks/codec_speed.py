@@ -8,7 +8,7 @@ Speed: ms per 80 ms frame, one-shot (`chunked_decode`, as `Synthesizer.decode`) 
 A B A B in one process, medians, wall and process CPU time (on a busy box the CPU time is the steadier figure);
 and `first`, a fresh stream's 1-frame push (ms for that frame: the codec's part of the time to first audio).
 Variants: fp32 (the working tree), lowered (`CodecDecoder.lower_precision()`), bf16 (the whole module in bf16, as
-the bf16 weight format loads it), base (engine/codec.py at git revision `--baseline`, fp32). Weights follow
+the bf16 weight format loads it), base (engine/nets/codec.py at git revision `--baseline`, fp32). Weights follow
 bench.py's checkpoint recipe (bench.random_state, seed 1), so the timings are those of the benchmark checkpoint.
 
 Error (`--error`): waveform error of the lowered and whole-bf16 codec vs fp32 on the full-size codec with lively
@@ -33,7 +33,8 @@ from pathlib import Path
 
 import torch
 
-from leapvox.engine.codec import CodecConfig, CodecDecoder
+from leapvox.engine.fast.codec_ops import FastCodecOps
+from leapvox.engine.nets.codec import CodecConfig, CodecDecoder
 from leapvox.models.recipes.geometry import SPEECH_TOKENIZER
 
 from .bench import random_state
@@ -43,8 +44,8 @@ REFERENCE = ROOT / "tests" / "fixtures" / "reference"
 
 
 def codec_at(revision: str):
-    """engine/codec.py as of a git revision, imported as its own module."""
-    src = subprocess.run(["git", "show", f"{revision}:engine/codec.py"], cwd=ROOT, capture_output=True, text=True,
+    """engine/nets/codec.py as of a git revision, imported as its own module."""
+    src = subprocess.run(["git", "show", f"{revision}:engine/nets/codec.py"], cwd=ROOT, capture_output=True, text=True,
                          check=True).stdout
     src = re.sub(r"^from \.(\w)", r"from leapvox.engine.\1", src, flags=re.M)  # relative imports, made absolute:
     src = re.sub(r"^from \. import", "from leapvox.engine import", src, flags=re.M)  # it loads outside the package
@@ -73,7 +74,7 @@ def kernels_for(variant: str):
     """`X-torch`: variant X with leapvox's compiled codec kernels off (engine/kernels: SnakeBeta, overlap-add)."""
     if not variant.endswith("-torch"):
         return contextlib.nullcontext()
-    from leapvox.engine import kernels
+    from leapvox.engine.fast import kernels
 
     return kernels.disabled()
 
@@ -81,7 +82,8 @@ def kernels_for(variant: str):
 def build(variant: str, base_module=None):
     variant = variant.removesuffix("-torch")
     module = base_module if variant == "base" else sys.modules[CodecDecoder.__module__]
-    m = module.CodecDecoder(module.CodecConfig.from_dict(SPEECH_TOKENIZER)).eval()
+    ops = () if variant == "base" else (FastCodecOps(),)  # as the loader builds it (an older codec takes none)
+    m = module.CodecDecoder(module.CodecConfig.from_dict(SPEECH_TOKENIZER), *ops).eval()
     m.load_state_dict(random_state(m, torch.float32, seed=1))
     if variant == "lowered":
         m.lower_precision()
@@ -163,7 +165,7 @@ def error_stats(ref: torch.Tensor, x: torch.Tensor) -> dict:
 @torch.inference_mode()
 def error() -> dict:
     out = {}
-    m = lively(CodecDecoder(CodecConfig.from_dict(SPEECH_TOKENIZER)).eval())
+    m = lively(CodecDecoder(CodecConfig.from_dict(SPEECH_TOKENIZER), FastCodecOps()).eval())
     codes = random_codes(40, seed=5)
     ref = m.chunked_decode(codes)
     for name, low in (("lowered", copy.deepcopy(m).lower_precision()), ("bf16", copy.deepcopy(m).to(torch.bfloat16))):
@@ -172,7 +174,7 @@ def error() -> dict:
     if (REFERENCE / "expected.safetensors").exists() and (folder / "model.safetensors").exists():
         from safetensors.torch import load_file
 
-        t = CodecDecoder(CodecConfig.from_dict(json.loads((folder / "config.json").read_text()))).eval()
+        t = CodecDecoder(CodecConfig.from_dict(json.loads((folder / "config.json").read_text())), FastCodecOps()).eval()
         weights = load_file(str(folder / "model.safetensors"))
         t.load_state_dict({k.removeprefix("decoder."): v for k, v in weights.items() if k.startswith("decoder.")})
         expected = load_file(str(REFERENCE / "expected.safetensors"))
@@ -193,7 +195,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, default=4, help="interleaved rounds (default 4)")
     p.add_argument("--variants", default="fp32,lowered",
                    help="comma list of fp32, lowered, bf16, base; X-torch: X with leapvox's codec kernels off")
-    p.add_argument("--baseline", default=None, help="git revision for the 'base' variant's engine/codec.py")
+    p.add_argument("--baseline", default=None, help="git revision for the 'base' variant's engine/nets/codec.py")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--error", action="store_true", help="measure waveform error instead of speed")
     p.add_argument("--json", type=Path, help="write the results here")

@@ -35,8 +35,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from leapvox.engine import kernels
-from leapvox.engine.quant import Int8Linear, quantize_weight, quantized_linear
+from leapvox.engine.fast import kernels
+from leapvox.engine.fast.quant import Int8Linear, quantize_weight, quantized_linear
 
 SHAPES = [(2048, 1024), (1024, 1024), (1024, 1024), (1024, 2048), (3072, 1024), (3072, 1024), (1024, 3072)]
 NAMES = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]

@@ -1,7 +1,7 @@
 """Long-form benchmark: one text of >= 10 minutes of speech through `leapvox speak`'s path (the synthesis stream
 into a WAV written as it arrives), per mode, each in its own process so the peak RSS is that mode's.
 
-    python3 -m tests.benchmarks.longform --model demo --modes ar,windowed --json tests/benchmarks/longform.json
+    python3 -m tests.benchmarks.longform --model demo --modes ar,windowed --json tests/benchmarks/longform-demo.json
 
 Prints a table (audio minutes, wall seconds, xRT, first audio, peak RSS) and writes the JSON. Speed on a shared
 machine is noisy: read it with the load average it prints; the peak RSS is what shows bounded memory.

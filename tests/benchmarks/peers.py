@@ -256,7 +256,7 @@ def leapvox_worker(a: dict) -> dict:
     from leapvox.models.load import load_model
 
     try:
-        from leapvox.engine.quant import resolve_weights
+        from leapvox.engine.fast.quant import resolve_weights
 
         resolved = resolve_weights(a["weights"])
     except ImportError:
@@ -291,13 +291,13 @@ def leapvox_worker(a: dict) -> dict:
         "weights": resolved,
     }
     try:
-        from leapvox.engine import kernels
+        from leapvox.engine.fast import kernels
 
         out["kernel"] = kernels.describe()
     except ImportError:  # a leapvox before engine.kernels
         pass
     try:  # the bytes leapvox's own format reads (int8 codes + scales, or bf16 / fp32 weights)
-        from leapvox.engine.quant import linear_weight_bytes
+        from leapvox.engine.fast.quant import linear_weight_bytes
 
         talker, cp = model.tts.talker, model.tts.talker.code_predictor
         out["talker_bytes"] = linear_weight_bytes(talker.model) + linear_weight_bytes(talker.codec_head)
@@ -512,7 +512,7 @@ def run(args) -> int:
         raise Usage(f"unknown engine {bad[0] if bad else '(none)'!r} (hint: choose from {', '.join(ENGINES)})")
     weights = [w.strip() for w in args.weights.split(",") if w.strip()]
     try:  # whatever leapvox's loader takes, `auto` included
-        from leapvox.engine.quant import WEIGHT_FORMATS
+        from leapvox.engine.fast.quant import WEIGHT_FORMATS
 
         known = (*WEIGHT_FORMATS, "auto", *VARIANTS)
     except ImportError:

@@ -1,7 +1,8 @@
 """Load benchmark of `leapvox serve` (not a test): requests/s, first-byte latency percentiles and xRT under 1, 4
 and 16 concurrent clients, through the real `openai` client, streaming PCM.
 
-    python3 -m tests.benchmarks.serve_load --model demo --weights int8 --requests 16 --json serve-load.json
+    python3 -m tests.benchmarks.serve_load --model demo --weights auto --requests 16 \
+        --json tests/benchmarks/serve-load-demo.json
     python3 -m tests.benchmarks.serve_load --url http://127.0.0.1:8880/v1 --model demo   # a server already running
 
 Without --url it starts `leapvox serve` on a free port with a queue as deep as the largest concurrency (so nothing
@@ -10,7 +11,8 @@ runs from the first request to the last byte. xRT is the audio delivered per wal
 clients together), and per request (audio / its own wall time, queueing included). Speed on a shared machine is
 noisy: read it with the load average printed beside it.
 
-    python3 -m tests.benchmarks.serve_load --model demo --weights fp32 --vs-speak 6 --json serve-vs-speak.json
+    python3 -m tests.benchmarks.serve_load --model demo --weights fp32 --vs-speak 8 \
+        --json tests/benchmarks/serve-vs-speak-demo-fp32.json
 
 `--vs-speak N` instead runs `leapvox speak TEXT -o FILE` and one request to the started server on the same sentence
 and seed, interleaved (A B, B A, ...: the order rotates by round), N rounds: speak's xRT from its summary line
