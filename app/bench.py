@@ -13,9 +13,9 @@ import statistics
 import sys
 from pathlib import Path
 
-from leapvox.app.common import WEIGHT_FORMATS, UsageError, tell
+from leapvox.app.common import UsageError, tell
 from leapvox.engine.errors import LeapvoxError
-from leapvox.engine.options import MODES
+from leapvox.engine.options import MODES, WEIGHT_FORMATS, build_options, validate
 from leapvox.models.catalog import default_model
 from leapvox.models.files import output_problem
 
@@ -76,15 +76,12 @@ def run_once(synth, text: str, opts) -> dict:
 def run(models: dict, modes: list[str], text: str, rounds: int, max_frames: int | None = None, say=None) -> dict:
     """Every (mode, weight format) once per round, in the same order each round, after one untimed warm-up each.
     `models`: weight format -> LoadedModel. Returns {mode: {weights: record}} with medians over the rounds."""
-    from dataclasses import replace
-
     say = say or (lambda m: None)
     configs = []
     for mode in modes:
         for w, model in models.items():
-            opts = replace(model.defaults, mode=mode, seed=0)
-            if max_frames is not None:
-                opts = replace(opts, max_frames=max_frames)
+            opts = validate(build_options({"mode": mode, "seed": 0, "max_frames": max_frames}, model.defaults),
+                            model.config)
             configs.append((mode, w, model.synthesizer(), opts))
     for _mode, _w, synth, opts in configs:  # warm-up: first-call allocations and lazy setup, not timed
         run_once(synth, text, opts)
@@ -141,21 +138,21 @@ def cmd_bench(args) -> int:
     import torch
 
     from leapvox.models.files import write_text_atomic
-    from leapvox.models.load import load_model
+    from leapvox.models.load import load_model, open_model
 
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.weights is None:  # every format: those this machine cannot run are left out, with the reason
-        from leapvox.engine.quant import format_unavailable_reason
+        from leapvox.engine.fast.quant import format_unavailable_reason
 
         for w in list(weights):
             if why := format_unavailable_reason(w):
                 tell(f"leaving out {w}: {why}")
                 weights.remove(w)
-    models = {}
+    models, folder = {}, open_model(name, say=tell)
     for w in weights:
         tell(f"loading {name} ({w})")
-        models[w] = load_model(name, w, say=tell)
+        models[w] = load_model(folder, w, say=tell)
     result = {
         "model": str(name),
         "threads": torch.get_num_threads(),

@@ -9,13 +9,14 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import shlex
 import signal
 import sys
 
 from leapvox.app.common import EXIT_FAILED, EXIT_USAGE, Terminated, UsageError, error_line, say, version
 
-# command -> (module with add_commands(subparsers), one-line help); the order is the order of `leapvox --help`.
-# `leapvox COMMAND` imports only COMMAND's module, so speaking never imports the recipes' command modules.
+# command -> (module with add_commands(subparsers), one-line help); the order is the order of `leapvox --help`: what
+# users run, then `recipe` (app/recipes: making assets). `leapvox COMMAND` imports only COMMAND's module.
 COMMANDS = {
     "speak": ("leapvox.app.speak", "synthesise text to a WAV file, standard output or the speakers"),
     "speakers": ("leapvox.app.speak", "list a model's speakers and languages"),
@@ -28,14 +29,11 @@ COMMANDS = {
     "paths": ("leapvox.app.manage", "where leapvox and the Hugging Face cache keep files"),
     "bench": ("leapvox.app.bench", "this machine, this model: speed per decoding mode and weight format"),
     "doctor": ("leapvox.app.doctor", "check this installation: Python, torch, audio, espeak-ng, models"),
-    "train-offsets": ("leapvox.app.recipes.offsets", "train spec mode's draft offsets for a model (frozen model)"),
-    "calibrate-tree": ("leapvox.app.recipes.offsets", "measure acceptance and choose spec mode's draft tree here"),
-    "bench-spec": ("leapvox.app.recipes.offsets", "benchmark spec vs ar decoding of the code predictor"),
-    "train-window": ("leapvox.app.recipes.window", "adapt a model to windowed mode (distil into a windowed student)"),
-    "bench-window": ("leapvox.app.recipes.window", "benchmark windowed vs ar talker steps: latency and KV bytes"),
-    "export-coreml": ("leapvox.app.recipes.coreml", "export talker, code predictor and codec decoder to Core ML"),
-    "demo": ("leapvox.app.recipes.demo", "the demo model's recipe: data, codec, training, WER"),
+    "recipe": ("leapvox.app.recipes", "recipes that make model assets: offsets, tree, window, coreml, demo"),
 }
+# the recipes' old top-level names -> their names under `recipe` (a one-line error says the new spelling)
+RENAMED = {"train-offsets": "offsets", "calibrate-tree": "tree", "bench-spec": "bench-spec", "train-window": "window",
+           "bench-window": "bench-window", "export-coreml": "coreml", "demo": "demo"}
 
 
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
@@ -43,7 +41,8 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="leapvox",
         description="Fast, faithful local text-to-speech for Qwen3-TTS models.",
-        epilog="Run 'leapvox COMMAND --help' for the options of a command.",
+        epilog="Run 'leapvox COMMAND --help' for the options of a command. The recipes that make model assets "
+        "(draft offsets and trees, windowed adaptation, Core ML exports, the demo model) are under 'leapvox recipe'.",
     )
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
     modules = dict.fromkeys(m for name, (m, _) in COMMANDS.items() if command in (None, name))
@@ -62,8 +61,20 @@ def _command(argv: list[str]) -> str | None:
     return first if first in COMMANDS else None
 
 
+def _renamed(argv: list[str]) -> UsageError | None:
+    """A recipe called by its old top-level name: the error, with the new spelling of the same command line."""
+    old = next((a for a in argv if not a.startswith("-")), None)
+    if old not in RENAMED:
+        return None
+    new = shlex.join(["leapvox", "recipe", RENAMED[old], *argv[argv.index(old) + 1:]])
+    return UsageError(f"'{old}' is now a recipe", hint=new)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    if renamed := _renamed(argv):
+        say(error_line(renamed))
+        return EXIT_USAGE
     parser = build_parser(_command(argv) or "")
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):

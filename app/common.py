@@ -1,21 +1,28 @@
-"""What the commands share: exit codes, usage errors, messages, --model/--weights/--backend and reading the text.
-Only argparse and the standard library at import time, and nothing here imports the dispatcher (cli.py)."""
+"""What the commands share: exit codes, usage errors, messages, --model/--weights/--backend, reading the text, and
+the flags as the plain mapping engine.options builds and checks options from (no rules of its own here). Only
+argparse, the standard library and engine.options at import time; nothing here imports the dispatcher (cli.py)."""
 
 from __future__ import annotations
 
 import argparse
 import re
 import sys
-from dataclasses import replace
 
-from leapvox.engine.options import BACKEND_CHOICES, COMPUTE_UNIT_CHOICES, check_options, check_text
+from leapvox.engine.options import (
+    BACKEND_CHOICES,
+    COMPUTE_UNIT_CHOICES,
+    OPTION_KEYS,
+    WEIGHT_FORMATS,
+    build_options,
+    check_options,
+    check_text,
+    validate,
+)
 from leapvox.models.catalog import default_model
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
-# engine.quant.WEIGHT_FORMATS, torch-free here (a test checks they agree)
-WEIGHT_FORMATS = ("fp32", "bf16", "int8", "w8a8", "w4a8", "int4")
 WEIGHT_CHOICES = ("auto", *WEIGHT_FORMATS)
-# --weights default: auto = w8a8 where torch's quantized kernels run, else int8 (engine.quant.resolve_weights): the
+# --weights default: auto = w8a8 where torch's quantized kernels run, else int8 (engine.fast.quant.resolve_weights): the
 # fastest on the CPUs measured, fidelity measured (tests/benchmarks/README.md)
 DEFAULT_WEIGHTS = "auto"
 
@@ -88,7 +95,7 @@ def backend_args(p, default: str = "auto", help: str | None = None) -> None:
     """--backend and --compute-units on a command that runs the model."""
     p.add_argument("--backend", choices=BACKEND_CHOICES, default=default,
                    help=help or "what runs the talker and code predictor: cpu = PyTorch; ane = the model's Core ML "
-                   "export (leapvox export-coreml) on macOS 15+, Neural Engine; auto = ane on a Mac with coremltools "
+                   "export (leapvox recipe coreml) on macOS 15+, Neural Engine; auto = ane on a Mac with coremltools "
                    "and an export of this model, else cpu (default auto)")
     p.add_argument("--compute-units", choices=COMPUTE_UNIT_CHOICES, default="cpu_and_ne",
                    help="ane backend: where Core ML may run: cpu_and_ne (CPU + Neural Engine, default), all (also "
@@ -99,7 +106,7 @@ def check_backend(args) -> None:
     """--backend ane where Core ML predictions cannot run: a one-line usage error (exit 2) before any loading."""
     if getattr(args, "backend", "auto") != "ane":
         return
-    from leapvox.engine.coreml_runtime import unavailable_reason
+    from leapvox.engine.coreml.runtime import unavailable_reason
 
     why = unavailable_reason()
     if why:
@@ -112,14 +119,24 @@ def require_model(args) -> str:
     return args.model
 
 
-def load(args, pull: bool = False, say=tell):
-    """The model the command's --model, --weights and --backend name, ready to speak."""
-    from leapvox.models.load import load_model
+def open_model(args, pull: bool = False, say=tell):
+    """The model --model names, resolved once for the whole command: its folder, config.json and default options
+    (models.load.ModelFolder), pulled first where `pull` and it is missing."""
+    from leapvox.models.load import open_model
 
     check_backend(args)  # --backend ane off macOS: exit 2 before downloading or loading anything
-    return load_model(require_model(args), args.weights, getattr(args, "backend", "cpu"),
-                      compute_units=getattr(args, "compute_units", "cpu_and_ne"), pull=pull, say=say,
+    return open_model(require_model(args), pull=pull, say=say,
                       progress=pull and sys.stderr.isatty() and not getattr(args, "quiet", False))
+
+
+def load(args, model=None, pull: bool = False, say=tell):
+    """The model the command's --model (or `model`, the ModelFolder it opened), --weights and --backend name,
+    ready to speak."""
+    from leapvox.models.load import load_model
+
+    model = model or open_model(args, pull, say)
+    return load_model(model, args.weights, getattr(args, "backend", "cpu"),
+                      compute_units=getattr(args, "compute_units", "cpu_and_ne"), say=say)
 
 
 # What is taken out of the text before speaking: terminal escape sequences (CSI such as "\x1b[31m", OSC such as a
@@ -190,112 +207,36 @@ def read_text(args) -> str:
     return text
 
 
-def given(obj, **values):
-    """replace() with only the options the user gave (None = not given)."""
-    return replace(obj, **{k: v for k, v in values.items() if v is not None})
-
-
-def sampling_args(p, args):
-    """SamplingParams `p` with the --greedy, --temperature, --top-k and --top-p that `args` has and the user gave;
-    --temperature 0 means greedy (argmax), as in OpenAI's clients."""
-    temperature = getattr(args, "temperature", None)
-    greedy = getattr(args, "greedy", False) or temperature == 0
-    p = replace(p, do_sample=p.do_sample and not greedy)
-    values = {k: getattr(args, k, None) for k in ("temperature", "top_k", "top_p")}
-    if temperature == 0:
-        values["temperature"] = None  # greedy: the temperature is not used; the model's stays valid
-    return given(p, **values)
-
-
 def cli_name(key: str) -> str:
     """An option as the command line spells it: top_k -> --top-k; the text is "the text"."""
     return "the text" if key == "text" else "--" + key.replace("_", "-")
 
 
-# speak's flags under the one set of option rules (engine.options.check_options)
-CHECKED_FLAGS = ("seed", "temperature", "top_k", "top_p", "repetition_penalty", "max_frames", "window", "mode",
-                 "greedy", "device", "play", "speaker")
-
-
-def check_flags(args) -> list[str]:
-    """The values of speak's flags, named as the user typed them: a usage error (exit 2) before any loading; else
-    a warning for each flag that will have no effect (--window with --mode ar, --top-k with --greedy)."""
-    return check_options({k: getattr(args, k, None) for k in CHECKED_FLAGS}, cli_name)
+def flag_values(args, keys=(*OPTION_KEYS, "device", "play")) -> dict:
+    """A command's option flags as the plain mapping engine.options reads (None: not given, or no such flag)."""
+    return {k: getattr(args, k, None) for k in keys}
 
 
 def check_speak(args, text: str) -> None:
-    """What speak checks first, in no time: the text (something to say), the flags' values (warnings for those
-    without effect said now) and --backend."""
+    """What speak checks first, in no time and without the model: the text (something to say), the flags' values
+    by the one set of option rules (engine.options; a warning said now for each flag without effect: --window with
+    --mode ar, --top-k with --greedy), how the voice flags go together, and --backend."""
     check_text(text, cli_name("text"))
-    for warning in check_flags(args):
+    for warning in check_options(flag_values(args), cli_name):
         say(f"warning: {warning}")
-    check_backend(args)
-
-
-def precheck_speak(args) -> None:
-    """What speak can check before the slow model load from the model's config.json and generation_config.json
-    alone: the speaker, language and the options as `validate` will see them. A Hub model that is not downloaded
-    yet is checked after `load` pulls it, as before."""
-    from leapvox.engine.options import validate
-    from leapvox.models.checkpoint import load_config, model_defaults
-    from leapvox.models.hub import NotCachedError, resolve_model_path
-
-    try:
-        folder = resolve_model_path(require_model(args), pull=False)
-    except NotCachedError:
-        return
-    cfg = load_config(folder)
-    check_voice_flags(args, cfg, folder)
-    validate(speak_options(args, model_defaults(folder, cfg)), cfg)
-
-
-def check_voice_flags(args, cfg, folder=None) -> None:
-    """--voice / --ref-audio / --ref-text / --instruct / --speaker against the model type (config.json), as usage
-    errors (exit 2) before any loading: Base models speak only in a cloned voice and take no instruction or speaker;
-    the others take no cloned voice. With `folder`, a saved --voice is checked too (missing, damaged)."""
-    voice, ref_audio = getattr(args, "voice", None), getattr(args, "ref_audio", None)
+    voice, ref_audio, ref_text = (getattr(args, k, None) for k in ("voice", "ref_audio", "ref_text"))
     if voice and ref_audio is not None:
         raise UsageError("give --voice or --ref-audio, not both")
-    ref_text = getattr(args, "ref_text", None)
     if ref_text is not None and ref_audio is None:
         raise UsageError("--ref-text goes with --ref-audio", hint="it says what the reference clip says")
     if ref_text is not None and not ref_text.strip():
         raise UsageError("--ref-text is empty", hint="give what the clip says, or leave --ref-text out (x-vector only)")
-    kind, name = cfg.tts_model_type, getattr(args, "model", None)
-    if kind != "base":
-        if voice or ref_audio is not None:
-            raise UsageError(f"{'--voice' if voice else '--ref-audio'} clones a voice, which needs a Base model; "
-                             f"{name} is a {kind} model", hint="use --model qwen3-tts-0.6b-base (or 1.7b-base)")
-        return
-    if getattr(args, "instruct", None):
-        raise UsageError("a Base model takes no --instruct", hint="describe a voice in words with --model "
-                         "qwen3-tts-1.7b-voicedesign, or clone one here with --voice / --ref-audio")
-    if getattr(args, "speaker", None):
-        raise UsageError("a Base model has no built-in speakers (--speaker)", hint="clone a voice with --voice NAME "
-                         "(leapvox voices add) or --ref-audio CLIP")
-    if not voice and ref_audio is None:
-        raise UsageError(f"{name} is a Base model: it speaks in a cloned voice",
-                         hint="give --voice NAME (see leapvox voices) or --ref-audio CLIP [--ref-text ...]")
-    if voice and folder is not None:
-        from leapvox.models.voices import load_voice, model_key
-
-        load_voice(model_key(folder), voice, cfg.talker.hidden_size)  # missing or damaged: one line now
+    check_backend(args)
 
 
-def speak_options(args, defaults):
-    """SynthesisOptions from speak's flags over the model's defaults."""
-    opts = replace(
-        defaults,
-        language=args.language,
-        instruct=args.instruct,
-        text_layout=args.text_layout,
-        talker=sampling_args(defaults.talker, args),
-        predictor=sampling_args(defaults.predictor, args),
-        seed=args.seed,
-        runaway_guard=not args.no_guard,
-        mode=args.mode,
-    )
-    return given(
-        opts, speaker=args.speaker or None, repetition_penalty=args.repetition_penalty, max_frames=args.max_frames,
-        window=getattr(args, "window", None),
-    )
+def speak_options(args, model, voice=None):
+    """The SynthesisOptions of the command's flags over the defaults of `model` (a ModelFolder or a loaded model),
+    validated once against it (engine.options.validate): a bad --speaker, --language, or a voice the model type
+    does not take, is one line before the weights load. `voice`: the cloned voice, or what stands for it (a saved
+    voice's name, a clip)."""
+    return validate(build_options(flag_values(args), model.defaults), model.config, voice, cli_name)

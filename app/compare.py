@@ -11,10 +11,10 @@ from dataclasses import replace
 from pathlib import Path
 
 from leapvox.engine.errors import LeapvoxError
-from leapvox.engine.options import MODES
+from leapvox.engine.options import MODES, check_options, check_text
 from leapvox.models.files import write_bytes_atomic
 
-from .common import UsageError, backend_args, load, model_args, tell
+from .common import UsageError, backend_args, cli_name, flag_values, load, model_args, open_model, speak_options, tell
 
 COLUMNS = [  # (header, format of one row's value)
     ("mode", lambda s: s.mode),
@@ -53,8 +53,8 @@ def cmd_compare(args) -> int:
     unknown = [m for m in modes if m not in MODES]
     if unknown:
         raise UsageError(f"unknown mode {unknown[0]!r}", hint=f"this build offers: {', '.join(MODES)}")
-    if not args.text.strip():
-        raise UsageError("the text is empty", hint="give some words to speak")
+    check_text(args.text.strip(), cli_name("text"))
+    check_options(flag_values(args), cli_name)  # a bad --seed or --max-frames: one line now
     out = args.out.expanduser()
     if out.exists() and not out.is_dir():
         raise UsageError(f"--out {args.out} is not a folder", hint="give a folder for the WAVs and compare.json")
@@ -62,15 +62,12 @@ def cmd_compare(args) -> int:
         out.mkdir(parents=True, exist_ok=True)  # before the load: a folder that cannot be made fails first
     except OSError as e:
         raise LeapvoxError(f"cannot make {args.out}: {e.strerror or e}") from None
-    model = load(args)
+    folder = open_model(args)
+    opts = speak_options(args, folder)  # a bad --speaker or --language: one line before the load
+    model = load(args, folder)
     if model.backend_name == "ane" and not args.modes and "windowed" in modes:
         modes = tuple(m for m in modes if m != "windowed")
         tell("the ane backend has no windowed mode (not exported): comparing " + ", ".join(modes))
-    opts = replace(model.defaults, seed=args.seed, language=args.language, speaker=args.speaker or None)
-    if args.max_frames is not None:
-        opts = replace(opts, max_frames=args.max_frames)
-    if args.greedy:
-        opts = opts.greedy()
     try:
         record = compare(model, args.text.strip(), opts, modes, out)
     except OSError as e:  # a full disk, a read-only folder: one line

@@ -89,7 +89,7 @@ def _probe_step(fmt: str, x, w):
     if fmt in ("int8", "w8a8", "w4a8", "int4"):  # the layer `--weights fmt` puts in the model, on its activations
         from torch import nn
 
-        from leapvox.engine.quant import quantized_linear
+        from leapvox.engine.fast.quant import quantized_linear
 
         linear = nn.Linear(w.shape[1], w.shape[0], bias=False)
         linear.weight.data = w
@@ -100,13 +100,13 @@ def _probe_step(fmt: str, x, w):
 
 def probe_formats(formats: list[str], budget_s: float = 0.06) -> dict:
     """A quick probe, not a benchmark: the median time of a batch-1 matrix-vector product per format (int8: through
-    engine.quant's Int8Linear, as a loaded int8 model computes it). A format that cannot run here gets no time and
+    engine.fast.quant's Int8Linear, as a loaded int8 model computes it). A format that cannot run here gets no time and
     a reason under "not_probed"."""
     import torch
 
     from leapvox.app.common import DEFAULT_WEIGHTS
-    from leapvox.engine import kernels
-    from leapvox.engine.quant import resolve_weights
+    from leapvox.engine.fast import kernels
+    from leapvox.engine.fast.quant import resolve_weights
 
     n_in, n_out = PROBE_SHAPE
     times: dict[str, float | None] = {}
@@ -182,11 +182,12 @@ def coreml_status(offered: tuple[str, ...]) -> dict:
         return {"ready": False, "detail": "coremltools is not installed (pip install 'leapvox[coreml]')"}
     ane = "Apple silicon (Neural Engine)" if platform.machine() == "arm64" else "Intel Mac (no Neural Engine)"
     if "ane" not in offered:
-        from leapvox.engine.coreml_runtime import unavailable_reason
+        from leapvox.engine.backend import ane_unavailable_reason
 
-        return {"ready": False, "detail": f"coremltools {coremltools.__version__} on {ane}: {unavailable_reason()}"}
+        why = ane_unavailable_reason()
+        return {"ready": False, "detail": f"coremltools {coremltools.__version__} on {ane}: {why}"}
     return {"ready": True, "detail": f"coremltools {coremltools.__version__} on {ane}: --backend ane runs a model "
-            "after leapvox export-coreml"}
+            "after leapvox recipe coreml"}
 
 
 def audio() -> dict:

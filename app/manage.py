@@ -379,6 +379,6 @@ def print_exports() -> None:
             continue
         rows.append((m.parent.name, human_size(d.get("bytes", 0)), "+".join(d.get("parts", {})), d.get("model", "?")))
     if rows:
-        print("\nCore ML exports (leapvox export-coreml):")
+        print("\nCore ML exports (leapvox recipe coreml):")
         for name, size, parts, model in rows:
             print(f"  {name}  {size}  {parts}  {model}")

@@ -6,16 +6,16 @@ from __future__ import annotations
 import hmac
 import logging
 from dataclasses import dataclass
-from types import SimpleNamespace
 
 from leapvox.engine.errors import InputError, LeapvoxError
-from leapvox.engine.options import MODES, OptionError, check_options, check_text
+from leapvox.engine.options import MODES, OptionError, build_options, check_options, check_text, validate
 
-from .common import clean_text, speak_options
+from .common import clean_text
 
 SPEECH_FIELDS = {"model", "input", "voice", "response_format", "speed", "instructions", "stream_format",
                  "mode", "seed", "language"}  # the last three are leapvox's own
 _FIELDS = {"text": "input", "instruct": "instructions", "speaker": "voice"}  # option -> the request's field
+_CODES = {"language": "unsupported_language"}  # a bad field's error code, OpenAI's style
 
 
 def field_name(key: str) -> str:
@@ -145,13 +145,14 @@ def _choice(req: dict, field: str, choices, default):
 
 
 def parse_speech(req, model, settings: Settings, formats: list[str]):
-    """A speech request's JSON -> (text, SynthesisOptions, format, cloned voice or None); ApiError for anything
-    wrong, before any work, by the rules `leapvox speak` checks its flags and text with (engine.options), each
-    field named as the request spells it; a field that will have no effect is a warning in the log."""
+    """A speech request's JSON -> (text, SynthesisOptions validated for `model`, format, cloned voice or None);
+    ApiError for anything wrong, before any work, by the rules `leapvox speak` checks its flags and text with
+    (engine.options), each field named as the request spells it; a field that will have no effect is a warning in
+    the log."""
     try:
         return _parse_speech(req, model, settings, formats)
     except OptionError as e:
-        raise ApiError(400, str(e), e.param) from None
+        raise ApiError(400, f"{e}" + (f"; {e.hint}" if e.hint else ""), e.param, _CODES.get(e.param)) from None
     except InputError as e:
         raise ApiError(400, str(e)) from None
 
@@ -173,34 +174,18 @@ def _parse_speech(req, model, settings: Settings, formats: list[str]):
     instructions = _text(req, "instructions", settings.max_input, required=False)
     cfg = model.config
     speaker, voice = _voice(req["voice"], model) if req.get("voice") is not None else (None, None)
-    if voice is None and getattr(cfg, "tts_model_type", "") == "base":
-        raise ApiError(400, "this model speaks only in a saved cloned voice: give its name as 'voice'", "voice",
-                       "missing_required_parameter")
     fmt = _choice(req, "response_format", formats, "mp3" if "mp3" in formats else "wav")
     _choice(req, "stream_format", ["audio"], "audio")
     speed = req.get("speed", 1.0)
     if speed != 1.0 or isinstance(speed, bool):
         raise ApiError(400, "speed is not implemented by leapvox; only 1.0 (the default) is accepted", "speed",
                        "unsupported_speed")
-    mode = _choice(req, "mode", MODES, "ar")
-    seed = req.get("seed")
-    for warning in check_options({"seed": seed, "mode": mode}, field_name):  # the rules `leapvox speak` follows
+    # the options `leapvox speak` builds from the same flags, by the same rules: the same seed, the same samples
+    given = {"mode": _choice(req, "mode", MODES, "ar"), "seed": req.get("seed"), "language": req.get("language"),
+             "instruct": instructions, "speaker": speaker, "max_frames": settings.max_frames}
+    for warning in check_options(given, field_name):
         logging.getLogger("leapvox.serve").warning("speech: %s", warning)  # as the stream's own warnings
-    language = req.get("language", "auto")
-    if not isinstance(language, str) or language.lower() not in cfg.languages:
-        raise ApiError(400, f"unsupported language {str(language)[:40]!r}; supported: {', '.join(cfg.languages)}",
-                       "language", "unsupported_language")
-    # the options `leapvox speak` would build from the same flags, so the same seed gives the same samples
-    flags = SimpleNamespace(language=language, instruct=instructions, text_layout="non-streaming", seed=seed,
-                            no_guard=False, mode=mode, speaker=speaker, repetition_penalty=None,
-                            max_frames=settings.max_frames)
-    from leapvox.engine.options import validate
-    from leapvox.engine.synthesis import check_voice
-
-    opts = speak_options(flags, model.defaults)
-    check_voice(cfg, voice, instructions, field_name)
-    validate(opts, cfg)
-    return text, opts, fmt, voice
+    return text, validate(build_options(given, model.defaults), cfg, voice, field_name), fmt, voice
 
 
 def api_error_of(e: Exception) -> ApiError:

@@ -22,7 +22,7 @@ from .common import (
     check_speak,
     load,
     model_args,
-    precheck_speak,
+    open_model,
     quiet_or,
     read_text,
     require_model,
@@ -259,8 +259,8 @@ def _chunking(args, model) -> dict:
     """Codec chunk sizes: the first chunk small (audio after one frame) where someone may be listening as it arrives
     (--play, -o -); into a file, the steady size from the start, when the codec's samples do not depend on the
     chunking (`streams_exactly`: Qwen's codec, not the demo's Griffin-Lim one): an early first chunk gains a file
-    nothing, and every codec call has a fixed cost (a 1-frame call takes about 4 frames' time on the 0.6B codec)."""
-    if args.play or args.output == "-" or not args.output or not getattr(model.codec, "streams_exactly", False):
+    nothing, and every codec call has a fixed cost."""
+    if args.play or args.output == "-" or not args.output or not model.codec.streams_exactly:
         return {}
     from leapvox.engine.streaming import MAX_CHUNK_FRAMES
 
@@ -273,15 +273,18 @@ def cmd_speak(args) -> int:
     check_speak(args, text)  # "!!! ???", a bad --seed or --top-p: one line now, not after the load
     _check_codes(args)
     device, play = _audio_device(args) if args.play else (None, False)  # no sound here: one line now
-    precheck_speak(args)  # a bad --speaker or --language, from the model's config.json
     ref_wav = _reference(args)  # a bad clip: one line now, not after the load
+    folder = open_model(args, pull=True, say=quiet_or(args))  # resolved once: its config.json read once
+    # validated once, before the load (a bad --speaker or --language, --voice on a model that takes none)
+    opts = speak_options(args, folder, args.voice if args.voice else ref_wav)
+    voice = _saved_voice(args, folder)
     writer = _open_writer(args)
     player, codes, stats = None, [], None
     progress = Progress(False)
     try:
-        model = load(args, pull=True, say=quiet_or(args))
-        opts = speak_options(args, model.defaults)
-        voice = _voice(args, model, ref_wav)
+        model = load(args, folder, say=quiet_or(args))
+        if ref_wav is not None:  # encoded now, with the model's encoders
+            voice = model.clone(ref_wav, " ".join(args.ref_text.split()) if args.ref_text else None)
         player = _open_player(args, model.sample_rate, device) if play else None
         progress = Progress(sys.stderr.isatty() and not args.quiet and player is None)
         if writer is not None:
@@ -331,15 +334,13 @@ def _reference(args):
     return read_reference(args.ref_audio, getattr(args, "ref_clean", False))
 
 
-def _voice(args, model, ref_wav):
-    """The cloned voice of --voice (saved) or --ref-audio (encoded now), or None."""
-    if getattr(args, "voice", None):
-        from leapvox.models.voices import load_voice, model_key
+def _saved_voice(args, folder):
+    """The saved voice --voice names (missing or damaged: one line before the load), or None."""
+    if not args.voice:
+        return None
+    from leapvox.models.voices import load_voice, model_key
 
-        return load_voice(model_key(model.path), args.voice, model.config.talker.hidden_size)
-    if ref_wav is not None:
-        return model.clone(ref_wav, " ".join(args.ref_text.split()) if args.ref_text else None)
-    return None
+    return load_voice(model_key(folder.path), args.voice, folder.config.talker.hidden_size)
 
 
 def _write_codes(path: Path, codes: list) -> None:

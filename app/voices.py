@@ -14,7 +14,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from .common import EXIT_OK, UsageError, model_args, quiet_or, require_model, say, tell
+from .common import EXIT_OK, UsageError, load, model_args, open_model, quiet_or, say, tell
 
 SAMPLE_RATE = 24000
 MIN_S, MAX_S = 1.0, 30.0  # the clip's length (with --ref-clean: of its sound, after trimming)
@@ -157,17 +157,14 @@ def trim_and_level(wav, path: Path):
 # ---- the commands -------------------------------------------------------------------------------------------------
 
 
-def _base_folder(args) -> Path:
-    """The model folder of --model, checked to be a Base model before anything slow."""
-    from leapvox.models.checkpoint import load_config
-    from leapvox.models.hub import resolve_model_path
-
-    folder = resolve_model_path(require_model(args), pull=getattr(args, "pull", False))
-    kind = load_config(folder).tts_model_type
+def _base_model(args):
+    """--model resolved once (models.load.ModelFolder), checked to be a Base model before anything slow."""
+    model = open_model(args, pull=getattr(args, "pull", False), say=quiet_or(args))
+    kind = model.config.tts_model_type
     if kind != "base":
         raise UsageError(f"{args.model} is a {kind} model; saved voices belong to Base models",
                          hint="use --model qwen3-tts-0.6b-base (or another Base model)")
-    return folder
+    return model
 
 
 def cmd_add(args) -> int:
@@ -179,14 +176,12 @@ def cmd_add(args) -> int:
         raise UsageError("--text is empty", hint="give what the clip says, or leave --text out (x-vector only)")
     wav = read_reference(args.clip, args.ref_clean)  # bad audio: one line, before the model loads
     args.pull = True
-    folder = _base_folder(args)
-    key = model_key(folder)
+    folder = _base_model(args)
+    key = model_key(folder.path)
     if (voices_dir(key) / f"{args.name}.safetensors").exists() and not args.force:
         raise UsageError(f"a voice named {args.name!r} exists for this model", hint="use --force to replace it")
     check_writable(key)  # a read-only LEAPVOX_HOME: one line now, not after the encoding
-    from leapvox.models.load import load_model
-
-    model = load_model(folder, args.weights, say=quiet_or(args))
+    model = load(args, folder, say=quiet_or(args))
     voice = model.clone(wav, text)
     path = save_voice(key, args.name, voice, source=args.clip.name, overwrite=args.force, cleaned=args.ref_clean)
     mode = f"ICL, {voice.ref_codes.shape[0]} frames of codes" if voice.icl else "x-vector only"
@@ -197,7 +192,7 @@ def cmd_add(args) -> int:
 def cmd_list(args) -> int:
     from leapvox.models.voices import list_voices, model_key
 
-    voices = list_voices(model_key(_base_folder(args)))
+    voices = list_voices(model_key(_base_model(args).path))
     if not voices:
         tell(f"no saved voices for {args.model} (hint: leapvox voices add NAME CLIP --model {args.model})")
         return EXIT_OK
@@ -245,4 +240,4 @@ def _key(args) -> str:
     from leapvox.models.voices import check_name, model_key
 
     check_name(args.name)
-    return model_key(_base_folder(args))
+    return model_key(_base_model(args).path)

@@ -12,20 +12,24 @@ embedding lookups, sampling, the spec walk, stop rules and counters (`decode.fra
     span(k), kv_bytes(k)                                     talker keys attended / KV bytes held after step k
     reset()                                                  drop the caches
 
-`TorchBackend` is the PyTorch engine (CPU, or CUDA where the model lives there); `coreml_runtime.CoreMLBackend`
-runs exported Core ML functions on macOS.
+`TorchBackend` is the PyTorch engine (CPU, or CUDA where the model lives there); `coreml.runtime.CoreMLBackend`
+runs exported Core ML functions on macOS. Whether that can run here is answered without importing it, so a CPU run
+imports no Core ML module.
 """
 
 from __future__ import annotations
 
+import platform
+import sys
+from importlib.util import find_spec
+
 import torch
 
-from . import coreml_runtime
-from .caches import FullCache, RingCache
-from .predictor import predict_codes
-from .sampling import SamplingParams
-from .spec import DraftPlan, SpecStats, predict_codes_spec
-from .talker import Talker
+from leapvox.engine.caches import FullCache, RingCache
+from leapvox.engine.fast.predictor import predict_codes
+from leapvox.engine.nets.talker import Talker
+from leapvox.engine.sampling import SamplingParams
+from leapvox.engine.spec import DraftPlan, SpecStats, predict_codes_spec
 
 
 class TorchBackend:
@@ -69,4 +73,18 @@ def available_backends() -> tuple[str, ...]:
     """Backends usable on this machine: `cpu` (torch) always, `cuda` when torch sees a GPU, `ane` when Core ML
     predictions can run (macOS 15+ with coremltools; the model still needs an export)."""
     out = ("cpu", "cuda") if torch.cuda.is_available() else ("cpu",)
-    return out + ("ane",) if coreml_runtime.unavailable_reason() is None else out
+    return out + ("ane",) if ane_unavailable_reason() is None else out
+
+
+def ane_unavailable_reason() -> str | None:
+    """Why Core ML predictions cannot run here (one line), or None when they can (coremltools is found, not
+    imported: a broken install fails where the backend loads)."""
+    if sys.platform != "darwin":
+        where = "Linux" if sys.platform.startswith("linux") else sys.platform
+        return f"the ane backend needs macOS (Core ML predictions are unavailable on {where})"
+    release = platform.mac_ver()[0]
+    if release and int(release.split(".")[0]) < 15:
+        return f"the ane backend needs macOS 15 or later (stateful Core ML models); this is macOS {release}"
+    if find_spec("coremltools") is None:
+        return "the ane backend needs coremltools (pip install 'leapvox[coreml]')"
+    return None

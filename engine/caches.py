@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import torch
 
-from .talker import Talker
+from leapvox.engine.nets.talker import Talker
 
 
 class FullCache:

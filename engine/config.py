@@ -94,9 +94,10 @@ class TTSConfig:
     tts_model_size: str = "0b6"
     tts_model_type: str = "custom_voice"
     tokenizer_type: str = "qwen3_tts_tokenizer_12hz"
-    leapvox_window: int | None = None  # set by `leapvox train-window`: the talker was adapted to this window
+    leapvox_window: int | None = None  # set by `leapvox recipe window`: the talker was adapted to this window
     # runaway guard: frames allowed per text token for this model (options.guard_frames; None: the Qwen default)
     leapvox_guard_frames_per_token: float | None = None
+    leapvox_text_frontend: str | None = None  # a text -> text step before tokenizing (models/frontend.py)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> TTSConfig:

@@ -14,11 +14,11 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .options import SynthesisOptions
-from .prompt import Prompt
-from .sampling import SamplingParams, code0_logits, pick, suppress_mask_for
-from .spec import DraftPlan, SpecStats
-from .talker import Talker
+from leapvox.engine.nets.talker import Talker
+from leapvox.engine.options import SynthesisOptions
+from leapvox.engine.prompt import Prompt
+from leapvox.engine.sampling import SamplingParams, code0_logits, pick, suppress_mask_for
+from leapvox.engine.spec import DraftPlan, SpecStats
 
 
 @dataclass
@@ -77,7 +77,7 @@ def frame_loop(
 ) -> Iterator[torch.Tensor]:
     """Yield frames [16] (code 0..15) until EOS or `max_frames`; sets `stats.stop_reason` at the end.
 
-    `backend` (backend.TorchBackend, coreml_runtime.CoreMLBackend), already set up for this prompt, runs the talker
+    `backend` (backend.TorchBackend, coreml.runtime.CoreMLBackend), already set up for this prompt, runs the talker
     steps; `codes` gives codes 1..15 of each frame."""
     cfg = talker.cfg
     eos = cfg.codec_eos_token_id

@@ -1,5 +1,5 @@
 """leapvox's own folders: the platform's usual ones (platformdirs, app name "leapvox"), or all under $LEAPVOX_HOME.
-In the engine so that its compiled-kernel cache (engine/kernels) follows the rule models/paths.py's folders do."""
+In the engine so that its compiled-kernel cache (engine/fast/kernels) follows the rule models/paths.py's folders do."""
 
 from __future__ import annotations
 

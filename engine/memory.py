@@ -20,9 +20,8 @@ def _malloc_trim():
 def return_freed_memory() -> None:
     """Give the C heap's freed pages back to the OS (glibc's malloc_trim; elsewhere nothing). Quantizing layer by
     layer frees a few temporaries of each weight's size, which glibc keeps for reuse and the process's RSS would
-    count: measured on the random 0.6B in w8a8, 2.2 GB after loading without it (on some runs), 1.1 GB with it.
-    Called after quantizing and after each codec chunk (about 4 ms); the codec's activations differ in size from
-    chunk to chunk, and without it the heap grew by ~200 MB over a sentence's chunks (tests/benchmarks/README.md)."""
+    count (about half the loaded model's size). Called after quantizing and after each codec chunk; the codec's
+    activations differ in size from chunk to chunk, and without it the heap grows over a sentence's chunks."""
     trim = _malloc_trim()
     if trim is not None and sys.platform.startswith("linux"):
         trim(0)

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields, replace
 
-from .config import TTSConfig
-from .errors import InputError
-from .text import has_words
+from leapvox.engine.config import TTSConfig
+from leapvox.engine.errors import InputError
+from leapvox.engine.text import has_words
 
 # Where the text rows sit: all in the prompt (as the official package by default), or riding on frames.
 TEXT_LAYOUTS: tuple[str, ...] = ("non-streaming", "streaming")
@@ -22,6 +23,9 @@ MODE_HELP = {
     "windowed": "windowed: the talker attends to the prompt and a ring of the last W frames (bounded cache)",
 }
 
+# --weights: the talker's and code predictor's weight formats (engine.fast.quant loads them; `auto` picks one there)
+WEIGHT_FORMATS: tuple[str, ...] = ("fp32", "bf16", "int8", "w8a8", "w4a8", "int4")
+
 # --backend: `cpu` = the torch engine, `ane` = Core ML on macOS (coreml_runtime), `auto` = ane where it can run
 # and the model has a Core ML export, else cpu. --compute-units: where Core ML may run the ane backend's functions.
 BACKEND_CHOICES: tuple[str, ...] = ("auto", "cpu", "ane")
@@ -31,17 +35,15 @@ COMPUTE_UNIT_CHOICES: tuple[str, ...] = ("cpu_and_ne", "all", "cpu_only")
 # the shipped generation_config.json sets max_new_tokens = 8192.
 DEFAULT_MAX_FRAMES = 8191
 
-# Runaway guard: 0.3-0.5% of generations never emit EOS. Normal speech takes ~3-5 frames (80 ms each) per
-# text token; the guard allows 12 frames (~1 s) per token plus 2.4 s, about 3x the slowest normal reading.
+# Runaway guard: a few generations in a thousand never emit EOS. Normal speech takes ~3-5 frames (80 ms each) per
+# text token; the guard allows 12 frames per token plus 30, about 3x the slowest normal reading.
 GUARD_BASE_FRAMES = 30
 GUARD_FRAMES_PER_TOKEN = 12
 
 # Windowed mode's default window. 48 frames = 3.84 s of speech, about an intonation phrase and its neighbour,
-# the context prosody plausibly needs; the ring then holds about as many rows as a typical prompt (30-100), so a
-# step attends to ~L + 48 keys. Cost does not argue for a smaller W: on a random-weight 0.6B talker (CPU, fp32)
-# a step is dominated by weight reads, and L + 48 keys costs the same as the prompt alone within noise, while
-# the cache stays at (L + 48) x 0.22 MiB instead of growing 0.22 MiB per frame (`leapvox bench-window`).
-# Quality vs W can only be measured with real or adapted weights; 48 is a starting point, not a tuned value.
+# the context prosody plausibly needs; a step then attends to the prompt and 48 frames, which costs no more than
+# the prompt alone while the cache stays bounded (`leapvox recipe bench-window`). Quality vs W can only be measured with
+# real or adapted weights; 48 is a starting point, not a tuned value.
 DEFAULT_WINDOW = 48
 
 
@@ -76,6 +78,8 @@ class SynthesisOptions:
     seed: int | None = None  # torch CPU generator seed; None draws a fresh one
     mode: str = "ar"  # decoding mode, one of MODES
     window: int = DEFAULT_WINDOW  # windowed mode: frame rows the talker attends to besides the prompt
+    # (cfg, voiced) that `validate` checked these options for; replace() and construction start unchecked
+    _checked: tuple | None = field(default=None, init=False, compare=False, repr=False)
 
     def greedy(self) -> SynthesisOptions:
         """Argmax for code 0 and for codes 1..15."""
@@ -110,7 +114,16 @@ OPTION_RULES = {
     "window": (lambda v: _int(v) and v >= 1, ">= 1 frame", f"the default is {DEFAULT_WINDOW}"),
     "speaker": (lambda v: isinstance(v, str) and v.strip() != "", "a speaker's name", "leave it out for the "
                 "model's first; leapvox speakers lists them"),
+    "language": (lambda v: isinstance(v, str), "a language's name", "auto, or one leapvox speakers lists"),
+    "instruct": (lambda v: isinstance(v, str), "text", "describe the style in words"),
 }
+
+# The options a person sets, as every entry point's plain mapping names them (speak's flags, a request's fields
+# once renamed, the TUI's state, a batch item): option -> value, None or absent = not given (`build_options`).
+# SamplingParams' values (temperature, top_k, top_p) apply to code 0 and codes 1..15 alike.
+SAMPLED: tuple[str, ...] = tuple(f.name for f in fields(SamplingParams) if f.name != "do_sample")
+OPTION_KEYS: tuple[str, ...] = ("speaker", "language", "instruct", "text_layout", "seed", *SAMPLED, "greedy",
+                                "repetition_penalty", "max_frames", "no_guard", "mode", "window")
 
 
 class OptionError(InputError):
@@ -127,6 +140,10 @@ def _shown(v) -> str:
     return repr(v if len(v) <= 40 else v[:40] + "...") if isinstance(v, str) else str(v)
 
 
+def _same(key: str) -> str:
+    return key
+
+
 def check_option(key: str, value, name: str | None = None) -> None:
     """`value` (None: not given) against OPTION_RULES[key]; an OptionError naming it `name` (default `key`)."""
     test, rule, hint = OPTION_RULES[key]
@@ -135,10 +152,10 @@ def check_option(key: str, value, name: str | None = None) -> None:
         raise OptionError(name, f"{name} must be {rule}, got {_shown(value)}", hint)
 
 
-def check_options(given: dict, name=lambda key: key) -> list[str]:
+def check_options(given: Mapping, name=_same) -> list[str]:
     """The options a person gave (option -> value; None or False: not given), each against OPTION_RULES, named
     as the entry point spells them (`name("top_k")`: --top-k on the command line, top_k in a request): an
-    OptionError for the first bad one, else a warning for each one that will have no effect."""
+    OptionError for the first bad one, else a warning for each one that will have no effect. Needs no model."""
     for key, value in given.items():
         if key in OPTION_RULES:
             check_option(key, value, name(key))
@@ -152,11 +169,30 @@ def check_options(given: dict, name=lambda key: key) -> list[str]:
         ignored("window", f"with {name('mode')} {mode}")
     if given.get("greedy") or given.get("temperature") == 0:  # argmax: nothing is sampled
         why = f"with {name('greedy')}" if given.get("greedy") else f"with {name('temperature')} 0"
-        for key in ("temperature", "top_k", "top_p") if given.get("greedy") else ("top_k", "top_p"):
-            ignored(key, why)
+        for key in SAMPLED:
+            if given.get("greedy") or key != "temperature":
+                ignored(key, why)
     if not given.get("play"):
         ignored("device", f"without {name('play')}")
     return warnings
+
+
+def build_options(given: Mapping, defaults: SynthesisOptions = SynthesisOptions()) -> SynthesisOptions:
+    """SynthesisOptions from a plain mapping of OPTION_KEYS (None or absent: not given, the default stays) over
+    the model's `defaults`. Sampling values apply to code 0 and codes 1..15 alike; `greedy`, or a temperature of 0,
+    makes both argmax. Builds only: `check_options` checks the values, `validate` the result."""
+    g = {k: v for k, v in given.items() if k in OPTION_KEYS and v is not None}
+    greedy = bool(g.pop("greedy", False)) or g.get("temperature") == 0
+    if g.get("temperature") == 0:
+        del g["temperature"]  # greedy: not used, and the model's own stays valid
+    if "no_guard" in g:
+        g["runaway_guard"] = not g.pop("no_guard")
+    sampled = {k: g.pop(k) for k in SAMPLED if k in g}
+
+    def sampling(p: SamplingParams) -> SamplingParams:
+        return replace(p, **sampled, do_sample=p.do_sample and not greedy)
+
+    return replace(defaults, talker=sampling(defaults.talker), predictor=sampling(defaults.predictor), **g)
 
 
 def check_text(text: str, name: str = "the text") -> None:
@@ -169,28 +205,65 @@ def check_text(text: str, name: str = "the text") -> None:
                           hint="give some words to speak")
 
 
-def _check_sampling(name: str, p: SamplingParams) -> None:
-    if not (p.temperature > 0 and math.isfinite(p.temperature)):
-        raise InputError(f"{name} temperature must be > 0, got {p.temperature}", hint="try 0.9, or --greedy")
-    check_option("top_k", p.top_k, f"{name} top-k")
-    check_option("top_p", p.top_p, f"{name} top-p")
+def check_voice(cfg: TTSConfig, voice, instruct: str | None, name=_same, speaker: str | None = None) -> None:
+    """A Base model speaks only in a cloned voice and takes no instruction or built-in speaker; other model types
+    take no cloned voice. Only whether there is a `voice` matters (see `validate`); `name` spells a field as the
+    entry point does (check_options)."""
+    if cfg.tts_model_type == "base":
+        if speaker:
+            raise OptionError(name("speaker"), f"a Base model has no built-in speakers ({name('speaker')})",
+                              hint="it speaks in a cloned voice: a saved one (leapvox voices add) or a reference clip")
+        if voice is None:
+            raise OptionError(name("voice"), "this Base model speaks in a cloned voice", hint="give a saved voice "
+                              "(leapvox voices add) or a reference clip")
+        if instruct:
+            raise OptionError(name("instruct"), f"a Base model takes no {name('instruct')}", hint="style "
+                              "instructions need a CustomVoice 1.7B or VoiceDesign model")
+    elif voice is not None:
+        raise OptionError(name("voice"), f"a cloned voice needs a Base model; this is a {cfg.tts_model_type} model",
+                          hint="voice cloning needs a Base model, e.g. qwen3-tts-0.6b-base")
 
 
-def validate(opts: SynthesisOptions, cfg: TTSConfig) -> SynthesisOptions:
-    """Check options against the model; returns them with the speaker resolved and names lowercased."""
+def _check_sampling(which: str, p: SamplingParams, name) -> None:
+    if not (_real(p.temperature) and p.temperature > 0):
+        raise OptionError(name("temperature"), f"{which} temperature must be > 0, got {_shown(p.temperature)}",
+                          hint="try 0.9, or --greedy")
+    check_option("top_k", p.top_k, f"{which} top-k")
+    check_option("top_p", p.top_p, f"{which} top-p")
+
+
+def validate(opts: SynthesisOptions, cfg: TTSConfig, voice=None, name=_same) -> SynthesisOptions:
+    """Check options against the model (`cfg`) and the cloned `voice` (Base models) once per request: returns
+    them with the speaker resolved and names lowercased, marked as checked for this cfg and voice, so that given
+    them again (the stream does) it returns them at once. Only whether there is a voice matters, so an entry point
+    may pass what stands for one it has yet to encode (a saved voice's name, a clip). `name` spells an option as
+    the entry point does (check_options); every error is an OptionError naming it."""
+    voiced = voice is not None
+    if opts._checked is not None and opts._checked[0] is cfg and opts._checked[1] == voiced:
+        return opts
+    checked = _checked_options(opts, cfg, voiced, name)
+    object.__setattr__(checked, "_checked", (cfg, voiced))
+    return checked
+
+
+def _checked_options(opts: SynthesisOptions, cfg: TTSConfig, voiced: bool, name) -> SynthesisOptions:
+    for key in ("seed", "repetition_penalty", "window", "max_frames", "language", "instruct"):
+        check_option(key, getattr(opts, key), name(key))
+    check_voice(cfg, True if voiced else None, opts.instruct, name, opts.speaker)
     speaker = (opts.speaker or next(iter(cfg.talker.spk_id), "")).strip().lower() or None
     if speaker is not None and speaker not in cfg.talker.spk_id:
-        raise InputError(f"unknown speaker {opts.speaker!r}", hint=f"speakers: {', '.join(cfg.speakers)}")
+        raise OptionError(name("speaker"), f"unknown speaker {opts.speaker!r}",
+                          hint=f"speakers: {', '.join(cfg.speakers)}")
     language = opts.language.lower()
     if language not in cfg.languages:  # as the official package: auto and the languages, not the dialects
-        raise InputError(f"unknown language {opts.language!r}", hint=f"languages: {', '.join(cfg.languages)}")
+        raise OptionError(name("language"), f"unknown language {opts.language!r}",
+                          hint=f"languages: {', '.join(cfg.languages)}")
     if opts.text_layout not in TEXT_LAYOUTS:
-        raise InputError(f"unknown text layout {opts.text_layout!r}", hint=f"use one of {', '.join(TEXT_LAYOUTS)}")
-    _check_sampling("talker", opts.talker)
-    _check_sampling("code-predictor", opts.predictor)
+        raise OptionError(name("text_layout"), f"unknown text layout {opts.text_layout!r}",
+                          hint=f"use one of {', '.join(TEXT_LAYOUTS)}")
+    _check_sampling("talker", opts.talker, name)
+    _check_sampling("code-predictor", opts.predictor, name)
     if opts.mode not in MODES:
-        raise InputError(f"unknown decoding mode {opts.mode!r}", hint=f"this build offers: {', '.join(MODES)}")
-    for key in ("seed", "repetition_penalty", "window", "max_frames"):
-        check_option(key, getattr(opts, key))
-    instruct = opts.instruct or None
-    return replace(opts, speaker=speaker, language=language, instruct=instruct)
+        raise OptionError(name("mode"), f"unknown decoding mode {opts.mode!r}",
+                          hint=f"this build offers: {', '.join(MODES)}")
+    return replace(opts, speaker=speaker, language=language, instruct=opts.instruct or None)

@@ -16,10 +16,10 @@ from dataclasses import dataclass
 
 import torch
 
-from .config import TTSConfig
-from .errors import InputError
-from .options import TEXT_LAYOUTS
-from .talker import Talker
+from leapvox.engine.config import TTSConfig
+from leapvox.engine.errors import InputError
+from leapvox.engine.nets.talker import Talker
+from leapvox.engine.options import TEXT_LAYOUTS
 
 
 def wrap_text(text: str) -> str:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from .options import SamplingParams  # the options live with the others; sampled here
+from leapvox.engine.options import SamplingParams  # the options live with the others; sampled here
 
 NEG_INF = float("-inf")
 

@@ -24,9 +24,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .code_predictor import CodePredictor
-from .predictor import PredictorLoop, loop_for
-from .sampling import SamplingParams, temperature_top_k_top_p
+from leapvox.engine.fast.predictor import PredictorLoop, loop_for
+from leapvox.engine.nets.code_predictor import CodePredictor
+from leapvox.engine.sampling import SamplingParams, temperature_top_k_top_p
 
 
 @dataclass(frozen=True)

@@ -1,22 +1,53 @@
-"""What a synthesis stream hands out: `SpeechChunk`s, each with one `StreamStats` record for every mode, and the
-bookkeeping behind them (totals over sentences, crossfades where sentences join). The stream itself is
+"""What a synthesis stream hands out: `SpeechChunk`s, each with one `StreamStats` record for every mode, the codec
+interface the stream decodes through (`StreamingCodec`), and the joins where sentences meet. The stream itself is
 `Synthesizer.stream` (synthesis.py)."""
 
 from __future__ import annotations
 
 import math
-import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, replace
+from typing import Protocol
 
 import numpy as np
 import torch
 
-from .decode import DecodeStats
-from .text import estimate_audio_s
+from leapvox.engine.decode import DecodeStats
+from leapvox.engine.text import estimate_audio_s
 
 CROSSFADE_S = 0.015  # equal-power crossfade where two sentences join
-FIRST_CHUNK_FRAMES = 1  # 80 ms: the first audio leaves after one frame (0.2 s sooner than 2, same xRT: measured) ...
+FIRST_CHUNK_FRAMES = 1  # 80 ms: the first audio leaves after one frame (sooner than after 2, at the same xRT) ...
 MAX_CHUNK_FRAMES = 16  # ... later chunks double up to 1.28 s, fewer codec calls
+
+
+# ---- the codec interface -------------------------------------------------------------------------------------
+
+
+class DecoderStream(Protocol):
+    """An incremental decode (codec.CodecStream, demo_codec.DemoCodecStream)."""
+
+    def push(self, codes: torch.Tensor) -> torch.Tensor:
+        """Decode the next n frames: codes [B, 16, n] -> wav [B, 1, samples_per_frame * n]."""
+
+    def reset(self) -> None:
+        """Forget everything; the next push starts a new utterance."""
+
+    def state(self) -> object:
+        """Where the stream stands (opaque), to `restore` any number of times: e.g. primed with a reference."""
+
+    def restore(self, state: object) -> None: ...
+
+
+class StreamingCodec(Protocol):
+    """What synthesis needs of a codec decoder (codec.CodecDecoder, demo_codec.DemoCodec)."""
+
+    samples_per_frame: int
+    sample_rate: int
+    streams_exactly: bool  # a stream's samples do not depend on how its frames are chunked into pushes
+
+    def chunked_decode(self, codes: torch.Tensor) -> torch.Tensor:
+        """codes [B, 16, T] -> wav [B, 1, samples_per_frame * T] by the official chunking rule."""
+
+    def stream(self, official_chunking: bool = False) -> DecoderStream: ...
 
 
 # ---- stats ------------------------------------------------------------------------------------------------
@@ -89,73 +120,56 @@ class StreamStats:
         return d
 
 
+    def plus(self, u: DecodeStats, codec_s: float, codes_per_frame: int, **fields) -> StreamStats:
+        """These totals plus one utterance's counters `u` so far and its codec time (and `fields` as given)."""
+        frames = self.frames + u.frames
+        return replace(
+            self, frames=frames, predicted_codes=frames * codes_per_frame, kv_bytes=u.kv_bytes,
+            talker_calls=self.talker_calls + u.talker_calls, predictor_calls=self.predictor_calls + u.predictor_calls,
+            prefill_s=self.prefill_s + u.prefill_s, talker_s=self.talker_s + u.talker_s,
+            predictor_s=self.predictor_s + u.predictor_s, codec_s=self.codec_s + codec_s, **fields,
+        )
+
+    def handed_out(self, before: StreamStats, samples: int, sample_rate: int, elapsed_s: float,
+                   total_s: float) -> StreamStats:
+        """These counters once `samples` more than `before` were handed out, `elapsed_s` into a stream whose audio is
+        estimated at `total_s` seconds."""
+        first = before.first_audio_s if before.first_audio_s is not None or not samples else elapsed_s
+        audio_s = (round(before.audio_s * sample_rate) + samples) / sample_rate
+        return replace(self, audio_s=audio_s, elapsed_s=elapsed_s, first_audio_s=first,
+                       est_remaining_s=max(0.0, total_s - audio_s))
+
+
 @dataclass(frozen=True)
 class SpeechChunk:
+    """One piece of a stream (mlx-lm's GenerationResponse): audio, the frames it came from, the stats so far and, on
+    the last chunk of the stream, why it finished."""
+
     audio: np.ndarray  # [n] float32 in [-1, 1]; may be empty (the final record, a cancelled stream)
     sample_rate: int
     codes: torch.Tensor  # [f, 16] the frames whose audio this chunk carries (crossfade tails aside)
     sentence: int  # 0-based index of the sentence being spoken
     stats: StreamStats
-    final: bool = False
+    finish_reason: str | None = None  # the last chunk only: stats.stop_reason (eos, max_frames, guard, cancelled)
+
+    @property
+    def final(self) -> bool:
+        return self.finish_reason is not None
 
 
-@dataclass
-class Tally:
-    """Mutable totals over the sentences of one stream; `snapshot` freezes them into a StreamStats."""
+def audio_estimate(sentences: list[str]) -> list[float]:
+    """Guessed audio seconds of the sentences before each one (and of all, last): est[i] = sentences 0..i-1."""
+    est = [0.0]
+    for s in sentences:
+        est.append(est[-1] + estimate_audio_s(s))
+    return est
 
-    mode: str
-    sentences: list[str]
-    t0: float = field(default_factory=time.perf_counter)
-    done: DecodeStats = field(default_factory=DecodeStats)  # sums over finished sentences
-    current: DecodeStats = field(default_factory=DecodeStats)
-    codes_per_frame: int = 15
-    sentence: int = 0
-    audio_samples: int = 0  # handed out so far
-    sentence_samples: int = 0  # decoded for the current sentence
-    first_audio_s: float | None = None
-    stop_reasons: list[str] = field(default_factory=list)
-    warnings: list[str] = field(default_factory=list)
 
-    def begin(self, index: int) -> DecodeStats:
-        self.sentence, self.current, self.sentence_samples = index, DecodeStats(), 0
-        return self.current
-
-    def finish(self, stop_reason: str, sentence_audio_s: float) -> None:
-        c, d = self.current, self.done
-        for name in ("frames", "talker_calls", "predictor_calls", "talker_s", "predictor_s", "prefill_s", "codec_s"):
-            setattr(d, name, getattr(d, name) + getattr(c, name))
-        self.stop_reasons.append(stop_reason or c.stop_reason)
-        self.spoken_total += sentence_audio_s  # audio of the finished sentences
-        self.current = DecodeStats(kv_bytes=c.kv_bytes)
-
-    def __post_init__(self) -> None:
-        # guessed audio seconds of the sentences, and its running sum (guessed_before[i] = sentences 0..i-1), once:
-        # a snapshot per chunk must not walk a long text's sentences again
-        guess = [estimate_audio_s(s) for s in self.sentences]
-        self.guessed_before = [0.0]
-        for g in guess:
-            self.guessed_before.append(self.guessed_before[-1] + g)
-        self.spoken_total = 0.0
-
-    def est_remaining(self, sample_rate: int) -> float:
-        n, before = len(self.stop_reasons), self.guessed_before  # finished sentences
-        scale = self.spoken_total / max(before[n], 1e-6) if n else 1.0
-        total = self.spoken_total + scale * (before[-1] - before[n])
-        return max(0.0, total - self.audio_samples / sample_rate)
-
-    def snapshot(self, sample_rate: int) -> StreamStats:
-        c, d = self.current, self.done
-        frames = d.frames + c.frames
-        return StreamStats(
-            mode=self.mode, frames=frames, sentence=self.sentence + 1, sentences=len(self.sentences),
-            audio_s=self.audio_samples / sample_rate, elapsed_s=time.perf_counter() - self.t0,
-            first_audio_s=self.first_audio_s, talker_calls=d.talker_calls + c.talker_calls,
-            predictor_calls=d.predictor_calls + c.predictor_calls, predicted_codes=frames * self.codes_per_frame,
-            kv_bytes=c.kv_bytes, prefill_s=d.prefill_s + c.prefill_s, talker_s=d.talker_s + c.talker_s,
-            predictor_s=d.predictor_s + c.predictor_s, codec_s=d.codec_s + c.codec_s,
-            est_remaining_s=self.est_remaining(sample_rate), stop_reasons=tuple(self.stop_reasons),
-            warnings=tuple(self.warnings),
-        )
+def total_estimate(est: list[float], finished: int, spoken_s: float) -> float:
+    """Audio seconds the whole stream will make: the finished sentences' `spoken_s`, and the rest as guessed, scaled
+    by how the finished ones came out against their guess."""
+    scale = spoken_s / max(est[finished], 1e-6) if finished else 1.0
+    return spoken_s + scale * (est[-1] - est[finished])
 
 
 # ---- joining sentences ------------------------------------------------------------------------------------

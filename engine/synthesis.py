@@ -3,29 +3,50 @@
 consumes the stream, so they cannot disagree.
 
 Layering: `decode_frames` (one utterance: the mode's strategies chosen once, then the mode-agnostic frame loop)
--> `Synthesizer.frames` (prompt, guard, warnings) -> `Synthesizer.stream` (sentences, streaming codec,
-crossfades, one stats record) -> `Synthesizer.synthesize` (the stream, joined).
+-> `Synthesizer.frames` (prompt, guard; a Step per frame, the last with the finish reason and warnings)
+-> `Synthesizer.stream` (sentences, streaming codec, crossfades; a SpeechChunk per chunk with the stats so far)
+-> `Synthesizer.synthesize` (the stream, joined).
 """
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import torch
 
-from .backend import TorchBackend
-from .config import TTSConfig
-from .decode import ArCodes, DecodeStats, SpecCodes, frame_loop
-from .memory import return_freed_memory
-from .options import OptionError, SynthesisOptions, check_text, guard_frames, validate
-from .prompt import ClonedVoice, Prompt, build_clone_prompt, build_prompt, wrap_instruct, wrap_ref_text, wrap_text
-from .spec import DraftPlan
-from .streaming import CROSSFADE_S, FIRST_CHUNK_FRAMES, MAX_CHUNK_FRAMES, Joiner, SpeechChunk, StreamStats, Tally
-from .talker import Talker, TTSModel
-from .text import split_sentences, uncovered_script
+from leapvox.engine.backend import TorchBackend
+from leapvox.engine.config import TTSConfig
+from leapvox.engine.decode import ArCodes, DecodeStats, SpecCodes, frame_loop
+from leapvox.engine.memory import return_freed_memory
+from leapvox.engine.nets.talker import Talker, TTSModel
+from leapvox.engine.options import SynthesisOptions, check_text, guard_frames, validate
+from leapvox.engine.prompt import (
+    ClonedVoice,
+    Prompt,
+    build_clone_prompt,
+    build_prompt,
+    wrap_instruct,
+    wrap_ref_text,
+    wrap_text,
+)
+from leapvox.engine.spec import DraftPlan
+from leapvox.engine.streaming import (
+    CROSSFADE_S,
+    FIRST_CHUNK_FRAMES,
+    MAX_CHUNK_FRAMES,
+    DecoderStream,
+    Joiner,
+    SpeechChunk,
+    StreamingCodec,
+    StreamStats,
+    audio_estimate,
+    total_estimate,
+)
+from leapvox.engine.text import script_warnings, split_sentences
 
 
 @dataclass
@@ -80,6 +101,16 @@ def decode_frames(
     yield from frame_loop(backend, codes, talker, prompt, opts, cap, generator, stats)
 
 
+@dataclass(frozen=True)
+class Step:
+    """What `Synthesizer.frames` yields: a frame, or last, none and why the utterance stopped."""
+
+    frame: torch.Tensor | None  # [16] codes 0..15; None on the last step
+    stats: DecodeStats  # the utterance's counters so far (one record, advanced by the loop)
+    warnings: tuple[str, ...] = ()  # the utterance's so far, for the user
+    finish_reason: str | None = None  # the last step: eos, max_frames or guard (the stream adds cancelled)
+
+
 class Synthesizer:
     """A loaded model (talker + code predictor), its codec decoder, its text tokenizer, spec mode's draft plan and
     the backend that runs the networks (default: the torch engine)."""
@@ -87,7 +118,7 @@ class Synthesizer:
     def __init__(
         self,
         tts: TTSModel,
-        codec,
+        codec: StreamingCodec,
         cfg: TTSConfig,
         tokenize: Callable[[str], list[int]],
         sample_rate: int,
@@ -98,7 +129,7 @@ class Synthesizer:
         self.tts, self.codec, self.cfg, self.tokenize, self.sample_rate = tts, codec, cfg, tokenize, sample_rate
         self.plan = plan or DraftPlan()  # spec mode's draft tree and offsets (None offsets: zero offsets)
         self.frontend = frontend  # text -> model text (e.g. phonemes) before the prompt template, or None
-        # what runs the networks: the torch engine, or coreml_runtime.CoreMLBackend (ane)
+        # what runs the networks: the torch engine, or coreml.runtime.CoreMLBackend (ane)
         self.backend = backend or TorchBackend(tts.talker)
         self._said: set[str] = set()  # once-per-synthesizer warnings already given
 
@@ -111,78 +142,75 @@ class Synthesizer:
     ) -> tuple[torch.Tensor, DecodeStats, list[str]]:
         """Codes [F, 16] of `text` as ONE utterance (no sentence split, as the official package); also the
         decoding counters and any warnings for the user. `voice`: a cloned voice (Base models)."""
-        stats, warnings = DecodeStats(), []
-        frames = list(self.frames(text, opts, stats, warnings, voice=voice))
+        steps = list(self.frames(text, opts, voice=voice))
+        frames = [s.frame for s in steps[:-1]]
         codes = torch.stack(frames) if frames else torch.zeros((0, 16), dtype=torch.long)
-        return codes, stats, warnings
+        return codes, steps[-1].stats, list(steps[-1].warnings)
 
-    def _warn_once(self, key: str, warnings: list[str], message: str) -> None:
-        if key not in self._said:
-            self._said.add(key)
-            warnings.append(message)
-
-    def _mode_warnings(self, opts: SynthesisOptions, warnings: list[str]) -> None:
+    def _mode_warnings(self, opts: SynthesisOptions) -> tuple[str, ...]:
+        """What the mode's options approximate, each kind once per synthesizer."""
+        found, adapted = {}, self.cfg.leapvox_window
         if opts.mode == "spec" and self.plan.offsets is None:
-            self._warn_once("zero-offsets", warnings, "spec mode: no trained offsets for this model, drafting with "
-                            "the LM heads alone (zero offsets; run leapvox train-offsets)")
-        adapted = self.cfg.leapvox_window
+            found["zero-offsets"] = ("spec mode: no trained offsets for this model, drafting with the LM heads alone "
+                                     "(zero offsets; run leapvox recipe offsets)")
         if opts.mode == "windowed" and opts.window != adapted:
-            self._warn_once("window", warnings, (
+            found["window"] = (
                 f"windowed mode: this model was trained with full attention, so a {opts.window}-frame window is an "
-                "approximation (exact only while it holds every frame; leapvox train-window adapts a model)"
+                "approximation (exact only while it holds every frame; leapvox recipe window adapts a model)"
                 if adapted is None else
                 f"windowed mode: this model was adapted to a {adapted}-frame window; {opts.window} frames is an "
                 f"approximation (drop --window to use {adapted})"
-            ))
+            )
+        new = tuple(message for key, message in found.items() if key not in self._said)
+        self._said.update(found)
+        return new
 
     def frames(
         self,
         text: str,
         opts: SynthesisOptions,
-        stats: DecodeStats,
-        warnings: list[str],
         generator: torch.Generator | None = None,
         voice: ClonedVoice | None = None,
-    ) -> Iterator[torch.Tensor]:
-        """Frames [16] of one utterance as the mode's loop produces them: the one loop behind `generate_codes`
-        and the stream. Fills `stats` and appends to `warnings` as it goes. `generator` continues a random stream
-        (several sentences); by default one is made from `opts.seed`. `voice`: the cloned voice a Base model
-        speaks in (it needs one; other model types take none)."""
-        opts = validate(opts, self.cfg)
-        prompt = self.prompt(text, opts, warnings, voice)
-        talker = self.tts.talker
-        cap = opts.max_frames
-        per_token = self.cfg.leapvox_guard_frames_per_token
-        guard = guard_frames(prompt.n_text_tokens, per_token) if opts.runaway_guard else cap
+    ) -> Iterator[Step]:
+        """One utterance as the mode's loop produces it, the one loop behind `generate_codes` and the stream: a Step
+        per frame, then a last Step without one that says why it stopped. `generator` continues a random stream
+        (several sentences); by default one is made from `opts.seed`. `voice`: the cloned voice a Base model speaks
+        in (it needs one; other model types take none)."""
+        opts = validate(opts, self.cfg, voice)
+        prompt, warnings = self.prompt(text, opts, voice)
+        warnings += self._mode_warnings(opts)
+        cap, stats = opts.max_frames, DecodeStats()
+        guard = guard_frames(prompt.n_text_tokens, self.cfg.leapvox_guard_frames_per_token) if opts.runaway_guard \
+            else cap
         sampling = any((opts.talker.do_sample, opts.predictor.do_sample))
         gen = (generator or make_generator(opts.seed)) if sampling else None
-        self._mode_warnings(opts, warnings)
-        yield from decode_frames(self.backend, talker, prompt, opts, min(cap, guard), gen, stats, self.plan)
-        if stats.stop_reason == "max_frames" and stats.frames < min(cap, guard):  # the backend holds fewer frames
-            warnings.append(f"stopped at {stats.frames} frames, all that the {self.backend.name} backend's exported "
-                            "context holds after this prompt (export-coreml --context sets it)")
+        talker, most = self.tts.talker, min(cap, guard)
+        for frame in decode_frames(self.backend, talker, prompt, opts, most, gen, stats, self.plan):
+            yield Step(frame, stats, warnings)
+        if stats.stop_reason == "max_frames" and stats.frames < most:  # the backend holds fewer frames
+            warnings += (f"stopped at {stats.frames} frames, all that the {self.backend.name} backend's exported "
+                         "context holds after this prompt (leapvox recipe coreml --context sets it)",)
         elif stats.stop_reason == "max_frames" and guard < cap:
             stats.stop_reason = "guard"
-            warnings.append(
-                f"stopped at {guard} frames ({guard * 0.08:.1f} s), the runaway cap for {prompt.n_text_tokens} "
-                "text tokens, without an end of speech (--no-guard lifts this cap)"
-            )
+            warnings += (f"stopped at {guard} frames ({guard * 0.08:.1f} s), the runaway cap for "
+                         f"{prompt.n_text_tokens} text tokens, without an end of speech (--no-guard lifts this cap)",)
+        yield Step(None, stats, warnings, stats.stop_reason)
 
-    def prompt(self, text: str, opts: SynthesisOptions, warnings: list[str], voice: ClonedVoice | None) -> Prompt:
+    def prompt(self, text: str, opts: SynthesisOptions, voice: ClonedVoice | None) -> tuple[Prompt, tuple[str, ...]]:
         """The prefill rows of `text` for validated `opts`: CustomVoice / VoiceDesign (speaker, instruct) or a Base
-        model's cloned voice."""
-        check_voice(self.cfg, voice, opts.instruct)
+        model's cloned voice; and any warnings for the user."""
         ids = self.text_ids(text)
         if voice is not None:
             ref_ids = self.tokenize(wrap_ref_text(voice.ref_text)) if voice.icl else None
-            return build_clone_prompt(self.tts.talker, self.cfg, ids, voice, opts.language, opts.text_layout, ref_ids)
-        instruct_ids = None
+            return build_clone_prompt(self.tts.talker, self.cfg, ids, voice, opts.language, opts.text_layout,
+                                      ref_ids), ()
+        instruct_ids, warnings = None, ()
         if opts.instruct and not self.cfg.supports_instruct:
-            warnings.append("this model size ignores --instruct (only 1.7B models follow instructions)")
+            warnings = ("this model size ignores --instruct (only 1.7B models follow instructions)",)
         elif opts.instruct:
             instruct_ids = self.tokenize(wrap_instruct(opts.instruct))
         return build_prompt(self.tts.talker, self.cfg, ids, opts.speaker, opts.language, opts.text_layout,
-                            instruct_ids)
+                            instruct_ids), warnings
 
     @torch.inference_mode()
     def decode(self, codes: torch.Tensor, ref_codes: torch.Tensor | None = None) -> np.ndarray:
@@ -196,11 +224,6 @@ class Synthesizer:
             codes = torch.cat([ref_codes.to(codes.device), codes])
         wav = self.codec.chunked_decode(codes.T[None].to(self.codec_device)).reshape(-1)  # [N]
         return wav[icl_cut(ref, codes.shape[0], wav.shape[0]) :].float().cpu().numpy()
-
-    @property
-    def samples_per_frame(self) -> int:
-        cfg = getattr(self.codec, "config", None)
-        return getattr(cfg, "samples_per_frame", None) or getattr(cfg, "hop_length", None) or 1920
 
     @property
     def codec_device(self) -> torch.device:
@@ -225,7 +248,8 @@ class Synthesizer:
         random stream, one speaker and one set of options; the runaway guard applies to each. Chunks grow from
         `first_chunk` to `max_chunk` frames. The codec decodes with the official 300/25 chunking, so for one
         sentence the concatenated audio equals `decode(generate_codes(...))` bit for bit. Memory stays bounded
-        whatever the text's length: one sentence's frames at a time. The last chunk has `final=True`.
+        whatever the text's length: one sentence's frames at a time. Every chunk carries the stats so far; the last
+        one also the finish reason (`final`).
 
         `voice` (Base models): every sentence is spoken in that cloned voice; with an ICL voice the codec is primed
         with the reference codes first (their audio is not handed out), so the speech continues the clip's signal
@@ -233,84 +257,89 @@ class Synthesizer:
         (`icl_cut`) can fall a sample before the frame boundary, depending on the sentence's frame count: with
         `official_cut` each sentence's audio is held until its last frame and then starts where the official cut
         falls (as `decode`); without it audio leaves as it is decoded, from the frame boundary."""
-        opts = validate(opts, self.cfg)
-        check_voice(self.cfg, voice, opts.instruct)
+        opts = validate(opts, self.cfg, voice)
         check_text(text)  # empty, or nothing to say ("!!! ???")
         sentences = split_sentences(text) if split else [" ".join(text.split())]
-        sr = self.sample_rate
-        tally = Tally(opts.mode, sentences, codes_per_frame=self.cfg.talker.num_code_groups - 1)
-        script = uncovered_script(text, self.cfg.languages)
-        if script:
-            name = {"CJK": "Han (CJK)"}.get(script, script.title())
-            tally.warnings.append(f"the text is mostly in {name} script, which this model's languages "
-                                  f"({', '.join(lang for lang in self.cfg.languages if lang != 'auto')}) do not "
-                                  "cover: expect letter names or noise")
-        sampling = opts.talker.do_sample or opts.predictor.do_sample
-        generator = make_generator(opts.seed) if sampling else None
+        sr, t0, est, spoken = self.sample_rate, time.perf_counter(), audio_estimate(sentences), 0.0
+        generator = make_generator(opts.seed) if opts.talker.do_sample or opts.predictor.do_sample else None
         codec = self.codec.stream(official_chunking=True)
-        primed, ref_tail = primed_codec(codec, voice.ref_codes.T[None].to(self.codec_device)) if voice and voice.icl \
-            else (None, None)
-        held = [] if official_cut and primed is not None else None  # the sentence's audio, until its frame count
-        joiner = Joiner(int(round(crossfade_s * sr)))
-        size, stop = first_chunk, False
-
-        def emit(frames: list[torch.Tensor], index: int) -> SpeechChunk:
-            codes = torch.stack(frames) if frames else torch.zeros((0, 16), dtype=torch.long)
-            wav = np.zeros(0, np.float32)
-            if frames:
-                t = time.perf_counter()
-                wav = codec.push(codes.T[None].to(self.codec_device)).reshape(-1).float().cpu().numpy()  # [1920 f]
-                return_freed_memory()  # the chunk's activations: not kept by the C heap for the next
-                tally.current.codec_s += time.perf_counter() - t
-                tally.sentence_samples += len(wav)
-            if held is not None:
-                held.append(wav)
-                wav = wav[:0]
-            return chunk(joiner.add(wav), codes, index)
-
-        def official_start(index: int) -> SpeechChunk:  # the held sentence, from where the official cut falls
-            ref, spf = voice.ref_codes.shape[0], len(ref_tail)
-            total = ref + sum(map(len, held)) // spf
-            lead = ref_tail[len(ref_tail) - (ref * spf - icl_cut(ref, total, total * spf)) :]  # 0 or 1 sample
-            tally.sentence_samples += len(lead)
-            audio = np.concatenate([lead, *held])
-            held.clear()
-            return chunk(joiner.add(audio), torch.zeros((0, 16), dtype=torch.long), index)
-
-        def chunk(audio: np.ndarray, codes: torch.Tensor, index: int, final: bool = False) -> SpeechChunk:
-            tally.audio_samples += len(audio)
-            if len(audio) and tally.first_audio_s is None:
-                tally.first_audio_s = time.perf_counter() - tally.t0
-            return SpeechChunk(audio, sr, codes, index, tally.snapshot(sr), final)
-
+        ref = self._prime(codec, voice) if voice is not None and voice.icl else None
+        start, joiner, size = codec.state(), Joiner(int(round(crossfade_s * sr))), first_chunk
+        per_frame, warnings = self.cfg.talker.num_code_groups - 1, script_warnings(text, self.cfg.languages)
+        done = stats = StreamStats(opts.mode, sentences=len(sentences), warnings=warnings)
         for index, sentence in enumerate(sentences):
-            if primed is None:
-                codec.reset()
-            else:
-                setattr_all(codec, primed)
-            stats = tally.begin(index)
-            frames = self.frames(sentence, opts, stats, tally.warnings, generator, voice)
-            pending: list[torch.Tensor] = []
-            try:
-                for frame in frames:
-                    pending.append(frame)
-                    if cancelled is not None and cancelled():
-                        stop = True
-                        break
-                    if len(pending) >= size:
-                        yield emit(pending, index)
-                        pending, size = [], min(2 * size, max_chunk)
-            finally:
-                frames.close()
-            if pending or stop:
-                yield emit(pending, index)
-            if held:
-                yield official_start(index)
-            tally.finish("cancelled" if stop else "", tally.sentence_samples / sr)
+            codec.restore(start)  # fresh, or primed with the voice's reference
+            steps = self.frames(sentence, opts, generator, voice)
+            decoded = 0  # the sentence's samples
+            for codes, audio, step, codec_s, grown in self._chunks(steps, codec, size, max_chunk, cancelled,
+                                                                   ref if official_cut else None):
+                out, decoded, size = joiner.add(audio), decoded + len(audio), grown  # chunks grow across sentences
+                now = done.plus(step.stats, codec_s, per_frame, sentence=index + 1,
+                                warnings=done.warnings + step.warnings)  # done: the finished sentences' totals
+                total = total_estimate(est, len(done.stop_reasons), spoken)
+                stats = now.handed_out(stats, len(out), sr, time.perf_counter() - t0, total)
+                if len(codes) or len(audio):  # else the last step, after a full chunk: its stats alone
+                    yield SpeechChunk(out, sr, codes, index, stats)
+            spoken += decoded / sr
+            done = replace(stats, stop_reasons=stats.stop_reasons + (step.finish_reason,))
             joiner.end_sentence()
-            if stop:
+            if step.finish_reason == "cancelled":
                 break
-        yield chunk(joiner.flush(), torch.zeros((0, 16), dtype=torch.long), tally.sentence, final=True)
+        out = joiner.flush()
+        total = total_estimate(est, len(done.stop_reasons), spoken)
+        stats = done.handed_out(done, len(out), sr, time.perf_counter() - t0, total)
+        yield SpeechChunk(out, sr, torch.zeros((0, 16), dtype=torch.long), index, stats, stats.stop_reason)
+
+    def _prime(self, codec: DecoderStream, voice: ClonedVoice) -> tuple[int, np.ndarray]:
+        """Decode an ICL voice's reference codes into `codec` (the speech then continues their signal); the reference's
+        frames and the last frame of its audio (the rest is discarded)."""
+        wav, _ = self._push(codec, voice.ref_codes)
+        return voice.ref_codes.shape[0], wav[len(wav) - self.codec.samples_per_frame :]
+
+    def _push(self, codec: DecoderStream, codes: torch.Tensor) -> tuple[np.ndarray, float]:
+        """Codes [f, 16] through `codec`: the audio [f * samples_per_frame] and the seconds it took."""
+        t = time.perf_counter()
+        wav = codec.push(codes.T[None].to(self.codec_device)).reshape(-1).float().cpu().numpy()
+        return_freed_memory()  # the chunk's activations: not kept by the C heap for the next
+        return wav, time.perf_counter() - t
+
+    def _chunks(
+        self,
+        steps: Iterator[Step],
+        codec: DecoderStream,
+        size: int,
+        most: int,
+        cancelled: Callable[[], bool] | None,
+        ref: tuple[int, np.ndarray] | None,
+    ) -> Iterator[tuple[torch.Tensor, np.ndarray, Step, float, int]]:
+        """(codes [f, 16], audio, latest step, codec seconds so far) per chunk of one utterance: its frames in chunks
+        growing from `size` to `most` (doubling after each full chunk; the next sentence goes on from the size
+        yielded last), decoded through `codec`, and the last step (its chunk maybe empty). After the
+        frame where `cancelled()` turns true the step says "cancelled". With `ref` (an ICL voice's reference frames
+        and last frame of audio, `_prime`) the audio is held until the last frame and handed out, codes aside, from
+        where the official cut falls."""
+        pending, held, codec_s = [], [], 0.0
+        with contextlib.closing(steps):
+            for step in steps:
+                if step.frame is not None:
+                    pending.append(step.frame)
+                    step = replace(step, finish_reason="cancelled") if cancelled and cancelled() else step
+                if len(pending) < size and not step.finish_reason:
+                    continue
+                codes = torch.stack(pending) if pending else torch.zeros((0, 16), dtype=torch.long)
+                audio, seconds = self._push(codec, codes) if pending else (np.zeros(0, np.float32), 0.0)
+                codec_s, size = codec_s + seconds, min(2 * size, most) if len(pending) >= size else size
+                pending = []
+                if ref is not None:
+                    held.append(audio)
+                yield codes, audio[:0] if ref is not None else audio, step, codec_s, size
+                if step.finish_reason:
+                    break
+        if held:
+            (frames, tail), spf = ref, len(ref[1])
+            total = frames + sum(map(len, held)) // spf
+            lead = tail[spf - (frames * spf - icl_cut(frames, total, total * spf)) :]  # 0 or 1 samples
+            yield torch.zeros((0, 16), dtype=torch.long), np.concatenate([lead, *held]), step, codec_s, size
 
     def synthesize(self, text: str, opts: SynthesisOptions, **stream_args) -> Synthesis:
         """The stream of `text`, joined: codes, audio and the final stats record (an ICL voice's audio starts where
@@ -325,43 +354,7 @@ class Synthesizer:
                          stats.elapsed_s)
 
 
-def check_voice(cfg: TTSConfig, voice: ClonedVoice | None, instruct: str | None, name=lambda key: key) -> None:
-    """A Base model speaks only in a cloned voice and takes no instruction; other model types take no cloned voice.
-    `name` spells a field as the entry point does (options.check_options)."""
-    if cfg.tts_model_type == "base":
-        if voice is None:
-            raise OptionError(name("voice"), "this Base model speaks in a cloned voice", hint="give a saved voice "
-                              "(leapvox voices add) or a reference clip")
-        if instruct:
-            raise OptionError(name("instruct"), f"a Base model takes no {name('instruct')}", hint="style "
-                              "instructions need a CustomVoice 1.7B or VoiceDesign model")
-    elif voice is not None:
-        raise OptionError(name("voice"), f"a {cfg.tts_model_type} model cannot speak in a cloned voice (that needs a "
-                          "Base model)", hint="voice cloning needs a Base model, e.g. qwen3-tts-0.6b-base")
-
-
 def icl_cut(ref_frames: int, total_frames: int, samples: int) -> int:
     """Where the official package cuts the reference's audio off an ICL decode of `total_frames` frames (`samples`
     samples): a floating-point proportion, which at some lengths falls one sample before the frame boundary."""
     return int(ref_frames / max(total_frames, 1) * samples)
-
-
-def primed_codec(codec, ref: torch.Tensor) -> tuple[dict, np.ndarray]:
-    """The state of `codec` (a CodecStream) after decoding the reference codes `ref` [1, 16, T] from a reset: taken
-    once, restored before every sentence; and the last frame of the reference's audio (the rest is discarded)."""
-    import copy
-
-    codec.reset()
-    wav = codec.push(ref).reshape(-1)
-    keep = {id(m): m for m in codec.decoder.modules()}  # share the network, copy the state
-    state = copy.deepcopy({k: v for k, v in vars(codec).items() if k != "decoder"}, keep)
-    return state, wav[len(wav) - len(wav) // ref.shape[-1] :].float().cpu().numpy()
-
-
-def setattr_all(obj, state: dict) -> None:
-    """Restore a `primed_codec` state (a fresh copy each time: the stream then updates it)."""
-    import copy
-
-    keep = {id(m): m for m in obj.decoder.modules()}
-    for k, v in copy.deepcopy(state, keep).items():
-        setattr(obj, k, v)

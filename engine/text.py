@@ -123,3 +123,14 @@ def uncovered_script(text: str, languages: list[str]) -> str | None:
     if len(outside) * 2 <= len(letters):
         return None
     return max(set(outside), key=outside.count)
+
+
+def script_warnings(text: str, languages: list[str]) -> tuple[str, ...]:
+    """A warning for the user when `text` is mostly in a script none of the model's `languages` covers, else none."""
+    script = uncovered_script(text, languages)
+    if script is None:
+        return ()
+    name = {"CJK": "Han (CJK)"}.get(script, script.title())
+    covered = ", ".join(lang for lang in languages if lang != "auto")
+    return (f"the text is mostly in {name} script, which this model's languages ({covered}) do not cover: expect "
+            "letter names or noise",)

@@ -16,17 +16,19 @@ from typing import Any
 import torch
 from torch import nn
 
-from leapvox.engine.codec import CodecConfig, CodecDecoder
 from leapvox.engine.config import TTSConfig
-from leapvox.engine.demo_codec import DemoCodec, DemoCodecConfig
 from leapvox.engine.errors import CheckpointError
+from leapvox.engine.fast.codec_ops import FastCodecOps
+from leapvox.engine.fast.fused import fuse_decoder_layers
+from leapvox.engine.fast.quant import QUANT_FORMATS, WEIGHT_FORMATS, lowers_codec, quantize_model, resolve_weights
+from leapvox.engine.nets.codec import CodecConfig, CodecDecoder
+from leapvox.engine.nets.demo_codec import DemoCodec, DemoCodecConfig
+from leapvox.engine.nets.talker import TTSModel
 from leapvox.engine.options import SynthesisOptions
 from leapvox.engine.prompt import ClonedVoice
-from leapvox.engine.quant import QUANT_FORMATS, WEIGHT_FORMATS, lowers_codec, quantize_model, resolve_weights
 from leapvox.engine.sampling import SamplingParams
 from leapvox.engine.spec import DraftPlan
 from leapvox.engine.synthesis import Synthesizer
-from leapvox.engine.talker import TTSModel
 
 from .catalog import ASSETS
 from .frontend import text_frontend
@@ -53,9 +55,9 @@ class LoadedModel:
     tokenizer: TextTokenizer
     defaults: SynthesisOptions
     sample_rate: int
-    weights: str = "fp32"  # weight format: fp32, bf16, int8, w8a8, w4a8 or int4 (engine.quant)
+    weights: str = "fp32"  # weight format: fp32, bf16, int8, w8a8, w4a8 or int4 (engine.fast.quant)
     plan: DraftPlan = field(default_factory=DraftPlan)  # spec mode's draft tree and trained offsets
-    backend: object = None  # None = torch (engine.backend.TorchBackend); a coreml_runtime.CoreMLBackend for ane
+    backend: object = None  # None = torch (engine.backend.TorchBackend); a coreml.runtime.CoreMLBackend for ane
 
     @property
     def backend_name(self) -> str:
@@ -195,7 +197,7 @@ def generation_defaults(folder: Path) -> SynthesisOptions:
 
 def model_defaults(folder: Path, cfg: TTSConfig) -> SynthesisOptions:
     """The options a model speaks with unless told otherwise: generation_config.json, the window it was adapted to
-    (`leapvox train-window`), its first speaker. Needs only the folder's small JSON files."""
+    (`leapvox recipe window`), its first speaker. Needs only the folder's small JSON files."""
     defaults = generation_defaults(folder)
     if cfg.leapvox_window:  # adapted: windowed mode runs at the window it learned
         defaults = replace(defaults, window=cfg.leapvox_window)
@@ -222,8 +224,8 @@ def load_config(folder: Path) -> TTSConfig:
 def load_encoders(folder: Path) -> dict[str, nn.Module]:
     """A Base model's speaker encoder (model.safetensors, `speaker_encoder.*`) and speech-tokenizer encoder
     (speech_tokenizer/model.safetensors, `encoder.*`), fp32, on the CPU."""
-    from leapvox.engine.speaker_encoder import SpeakerEncoder, SpeakerEncoderConfig
-    from leapvox.engine.speech_encoder import SpeechEncoder, SpeechEncoderConfig
+    from leapvox.engine.nets.speaker_encoder import SpeakerEncoder, SpeakerEncoderConfig
+    from leapvox.engine.nets.speech_encoder import SpeechEncoder, SpeechEncoderConfig
 
     speech = folder / "speech_tokenizer"
     try:
@@ -247,7 +249,7 @@ def load_codec(speech: Path, dtype) -> tuple[nn.Module, int]:
         if kind == "qwen3_tts_tokenizer_12hz":
             cfg = CodecConfig.from_dict(raw)
             with torch.device("meta"):
-                codec = CodecDecoder(cfg)
+                codec = CodecDecoder(cfg, FastCodecOps())  # its products on oneDNN and leapvox's kernels
             prefix, rate = CODEC_PREFIX, cfg.output_sample_rate
         elif kind == "leapvox_demo_codec":
             cfg = DemoCodecConfig.from_dict(raw)
@@ -265,11 +267,12 @@ def weight_formats() -> list[str]:
     return list(WEIGHT_FORMATS)
 
 
-def load_checkpoint(path: str | Path, weights: str = "fp32", device: str = "cpu") -> LoadedModel:
+def load_checkpoint(path: str | Path, weights: str = "fp32", device: str = "cpu",
+                    config: TTSConfig | None = None) -> LoadedModel:
     """Load config, weights, text tokenizer, codec decoder and spec assets from a checkpoint folder.
 
     `weights` is a weight format: fp32, bf16, int8, w8a8, w4a8 or int4 (the talker's and predictor's linears quantized
-    from the file's weights, fp32 for the rest; engine.quant), or auto (engine.quant.resolve_weights). The model
+    from the file's weights, fp32 for the rest; engine.fast.quant), or auto (quant.resolve_weights). The model
     runs on the torch engine; for a ready model
     by name with a backend, use models.load.load_model."""
     folder = check_folder(Path(path))
@@ -277,7 +280,7 @@ def load_checkpoint(path: str | Path, weights: str = "fp32", device: str = "cpu"
     if weights not in WEIGHT_FORMATS:
         raise ValueError(f"unknown weight format {weights!r}; choose from {', '.join(WEIGHT_FORMATS)}")
     dtype = torch.float32 if weights in QUANT_FORMATS else DTYPES[weights]
-    cfg = load_config(folder)
+    cfg = config or load_config(folder)  # `config`: read already (models.load.open_model)
     speech = folder / "speech_tokenizer"
     with torch.device("meta"):
         tts = TTSModel(cfg.talker)
@@ -296,6 +299,7 @@ def load_checkpoint(path: str | Path, weights: str = "fp32", device: str = "cpu"
         for p in tts.parameters():
             if id(p) not in tables:
                 p.data = p.data.float()
+        fuse_decoder_layers(tts)  # each layer the compiled kernel takes becomes one call (engine.fast.fused)
     else:
         load_weights(tts, tensors, "", dtype)
         del tensors
@@ -304,6 +308,6 @@ def load_checkpoint(path: str | Path, weights: str = "fp32", device: str = "cpu"
         codec.lower_precision()
     tts.to(device).eval()
     codec.to(device).eval()
-    tokenizer = TextTokenizer(folder, frontend=text_frontend(read_json(folder / "config.json")))
+    tokenizer = TextTokenizer(folder, frontend=text_frontend(vars(cfg)))
     plan = draft_plan(folder, tts.talker.code_predictor.cfg.hidden_size)
     return LoadedModel(folder, cfg, tts, codec, tokenizer, model_defaults(folder, cfg), sample_rate, weights, plan)

@@ -1,5 +1,6 @@
 """The Core ML exports a runtime needs: where they live, which is the newest for a model, and which backend
-`--backend auto` means here. Making exports is the recipe models/recipes/coreml_export.py."""
+`--backend auto` means here. Making exports is the recipe models/recipes/coreml_export.py. The Core ML runtime is
+imported only where a backend is loaded, so a CPU run imports no Core ML module."""
 
 from __future__ import annotations
 
@@ -7,12 +8,13 @@ import glob
 import json
 from pathlib import Path
 
-from leapvox.engine import coreml_runtime
-from leapvox.engine.coreml_runtime import MANIFEST
+from leapvox.engine import backend
 from leapvox.engine.errors import InputError
-from leapvox.engine.talker import Talker
+from leapvox.engine.nets.talker import Talker
 
 from .paths import leapvox_dirs, model_key, model_revision
+
+MANIFEST = "manifest.json"  # what marks an export folder (coreml_export writes it, coreml_runtime reads it)
 
 
 def export_root() -> Path:
@@ -38,14 +40,16 @@ def resolve_backend(requested: str, folder: Path) -> str:
     `cpu`; `cpu` and `ane` stay as they are."""
     if requested != "auto":
         return requested
-    return "ane" if coreml_runtime.unavailable_reason() is None and find_export(folder) is not None else "cpu"
+    return "ane" if backend.ane_unavailable_reason() is None and find_export(folder) is not None else "cpu"
 
 
 def load_ane_backend(folder: Path, talker: Talker, compute_units: str = "cpu_and_ne", model_name: str | None = None):
     """The Core ML backend over this model's newest export; one-line errors (exit 2) with a hint otherwise."""
+    from leapvox.engine.coreml import runtime as coreml_runtime
+
     coreml_runtime.check_available()
     export = find_export(folder)
     if export is None:
         raise InputError(f"no Core ML export of this model in {export_root()}",
-                         hint=f"leapvox export-coreml --model {model_name or folder}, or use --backend cpu")
+                         hint=f"leapvox recipe coreml --model {model_name or folder}, or use --backend cpu")
     return coreml_runtime.load_backend(export, talker, compute_units)

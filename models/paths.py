@@ -22,7 +22,7 @@ def leapvox_dirs() -> dict[str, Path]:
         "offsets": data / "offsets",
         "trees": data / "trees",
         "coreml": data / "coreml",
-        "kernels": cache / "kernels",  # engine/kernels' compiled libraries (engine.kernels.cache_dir)
+        "kernels": cache / "kernels",  # engine/fast/kernels' compiled libraries (engine.fast.kernels.cache_dir)
         "settings": config / "settings.json",
     }
 

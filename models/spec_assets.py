@@ -54,7 +54,7 @@ def load_offsets(folder: Path, hidden: int) -> tuple[torch.Tensor | None, Path |
             if b.shape[-1] != hidden:
                 raise CheckpointError(
                     f"spec offsets in {path} have width {b.shape[-1]}, the code predictor has {hidden}",
-                    hint="they belong to another model; delete the file or run leapvox train-offsets",
+                    hint="they belong to another model; delete the file or run leapvox recipe offsets",
                 )
             return b, path
     return None, None

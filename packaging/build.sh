@@ -69,7 +69,7 @@ if [ "$(uname -s)" = Linux ] && [ "$(uname -m)" = x86_64 ]; then
   # The bundle has no compiler or torch headers to build leapvox's CPU kernels where it runs: build them here (a
   # C++ compiler on this machine; not its CPU features) into the installed package, which the spec collects.
   step "leapvox's CPU kernels, prebuilt for the bundle"
-  "$VPY" -m leapvox.engine.kernels prebuild >&2 \
+  "$VPY" -m leapvox.engine.fast.kernels prebuild >&2 \
     || echo "build.sh: note: the bundle will run w8a8 on torch's kernels (about 1.6x slower) and offer no w4a8" >&2
 fi
 

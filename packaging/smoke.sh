@@ -49,7 +49,7 @@ cat "$WORK/doctor.txt" >&2
 flags=" $(grep -m1 '^flags' /proc/cpuinfo 2>/dev/null | cut -d: -f2) "
 runs_kernels=1
 for f in avx512f avx512bw avx512vl avx512_vnni; do [[ "$flags" == *" $f "* ]] || runs_kernels=0; done
-if [ "$runs_kernels" = 1 ] && compgen -G "$INTERNAL/leapvox/engine/kernels/prebuilt/*.so" >/dev/null; then
+if [ "$runs_kernels" = 1 ] && compgen -G "$INTERNAL/leapvox/engine/fast/kernels/prebuilt/*.so" >/dev/null; then
   grep -q "w8a8 runs on leapvox AVX-512 VNNI kernel (prebuilt" "$WORK/doctor.txt" \
     || fail "the bundle has prebuilt kernels and this CPU runs them, but doctor says w8a8 does not use them"
 fi

@@ -18,7 +18,7 @@ def session_kernel_cache() -> Path:
     """The compiled-kernel cache of the test session's own environment (before any test points LEAPVOX_HOME at a
     temp folder): a test that runs leapvox in a subprocess under another LEAPVOX_HOME links it in, so the
     subprocess loads the session's build instead of compiling (15-30 s and a line on stderr) where it can."""
-    from leapvox.engine import kernels
+    from leapvox.engine.fast import kernels
 
     return kernels.cache_dir()
 
@@ -73,7 +73,7 @@ def tiny_config_dict(**talker_overrides) -> dict:
 def tiny_model():
     """(TTSConfig, TTSModel) with random weights scaled so logits have a spread of a few units."""
     from leapvox.engine.config import TTSConfig
-    from leapvox.engine.talker import TTSModel
+    from leapvox.engine.nets.talker import TTSModel
 
     torch.manual_seed(0)
     cfg = TTSConfig.from_dict(tiny_config_dict())
@@ -103,6 +103,6 @@ def _w8a8_kernel_built():
     """Build leapvox's optional w8a8 kernel (engine.kernels) once, before any test: the first build takes 15-30 s
     and prints a line, which a test that starts leapvox in a subprocess should see neither in its time nor in its
     output. Where it cannot be built this only records why (test_kernels.py says so in its skip reasons)."""
-    from leapvox.engine import kernels
+    from leapvox.engine.fast import kernels
 
     kernels.w8a8_op()

@@ -102,6 +102,32 @@ def test_runtime_modules_import_no_recipes():
     assert bad == []
 
 
+# engine/nets/: the torch-only networks. engine/fast/: the fast paths applied to them from outside at load (quantized
+# linears and fused projections, the compiled layer, the predictor's batch-1 loop, kernels, codec ops).
+# engine/coreml/: the Core ML backend.
+
+
+def reachable(graph: dict[str, set[str]], start: str) -> set[str]:
+    """Every module `start` imports, directly or through others."""
+    seen, todo = set(), [start]
+    while todo:
+        for m in graph[todo.pop()] - seen:
+            seen.add(m)
+            todo.append(m)
+    return seen
+
+
+def test_networks_import_no_fast_path():
+    """Quantization, fused layers, the predictor loop and compiled kernels are swapped into the networks at load;
+    a network module never imports them (nor the Core ML backend), not even through another module."""
+    graph = import_graph()
+    nets = [n for n in graph if n.startswith("leapvox.engine.nets.")]
+    fast = {n for n in graph if n.startswith(("leapvox.engine.fast", "leapvox.engine.coreml"))}
+    assert len(nets) >= 8 and {"leapvox.engine.fast.quant", "leapvox.engine.fast.fused"} <= fast
+    bad = {n: sorted(reachable(graph, n) & fast) for n in nets}
+    assert {n: m for n, m in bad.items() if m} == {}
+
+
 RUNTIME_SCRIPT = r"""
 import sys
 from leapvox.app.cli import main

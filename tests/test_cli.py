@@ -209,10 +209,11 @@ def test_atomic_write_gives_the_mode_a_plain_write_would(tmp_path):
 
 
 def test_demo_wer_true_codes_misuse_is_a_one_line_error(tmp_path, capsys):
-    code, out, err = run(capsys, "demo", "wer", "--data", str(tmp_path), "--what", "predictor", "--model", "demo",
-                         "--true-codes", "16")
+    code, out, err = run(capsys, "recipe", "demo", "wer", "--data", str(tmp_path), "--what", "predictor",
+                         "--model", "demo", "--true-codes", "16")
     assert code == 2 and "--true-codes 16 is out of range" in one_line_error(err)
-    code, out, err = run(capsys, "demo", "wer", "--data", str(tmp_path), "--what", "codec", "--true-codes", "3")
+    code, out, err = run(capsys, "recipe", "demo", "wer", "--data", str(tmp_path), "--what", "codec",
+                         "--true-codes", "3")
     assert code == 2 and "hint: add --what predictor" in one_line_error(err)
 
 
@@ -224,10 +225,10 @@ def test_demo_wer_mode_none_runs_only_the_predictor_diagnostic(tmp_path, capsys,
     from leapvox.app.recipes import demo as demo_cmd
     from leapvox.models.recipes.demo import quality
 
-    code, out, err = run(capsys, "demo", "wer", "--data", str(tmp_path), "--what", "codec", "--mode", "none")
+    code, out, err = run(capsys, "recipe", "demo", "wer", "--data", str(tmp_path), "--what", "codec", "--mode", "none")
     assert code == 2 and "hint: --what predictor --mode none" in one_line_error(err)
-    code, out, err = run(capsys, "demo", "wer", "--data", str(tmp_path), "--what", "predictor", "--model", "demo",
-                         "--mode", "none", "--mode", "ar")
+    code, out, err = run(capsys, "recipe", "demo", "wer", "--data", str(tmp_path), "--what", "predictor",
+                         "--model", "demo", "--mode", "none", "--mode", "ar")
     assert code == 2 and "--mode none" in one_line_error(err)
 
     torch.save({"text": ["one two", "three four"]}, tmp_path / "test.pt")
@@ -256,8 +257,8 @@ def test_demo_wer_mode_none_runs_only_the_predictor_diagnostic(tmp_path, capsys,
     monkeypatch.setattr(quality, "score_codes", fake_score)
     monkeypatch.setattr(quality, "score_model", no_synthesis)
     monkeypatch.setattr(quality, "canonical_frames", no_synthesis)
-    code, out, err = run(capsys, "demo", "wer", "--data", str(tmp_path), "--what", "predictor", "--model", "demo",
-                         "--mode", "none")
+    code, out, err = run(capsys, "recipe", "demo", "wer", "--data", str(tmp_path), "--what", "predictor",
+                         "--model", "demo", "--mode", "none")
     assert code == 0, err
     report = json.loads(out)
     assert scored == [2] and "demo:predictor" in report and not any(k.startswith("demo:ar") for k in report)

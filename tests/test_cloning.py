@@ -23,9 +23,9 @@ import torch
 from safetensors.torch import load_file
 
 from leapvox.engine.errors import InputError
+from leapvox.engine.nets.speaker_encoder import log_mel, mel_filterbank
 from leapvox.engine.options import SynthesisOptions, validate
 from leapvox.engine.sampling import SamplingParams
-from leapvox.engine.speaker_encoder import log_mel, mel_filterbank
 from leapvox.engine.synthesis import icl_cut
 from leapvox.models.load import load_model
 
@@ -148,8 +148,8 @@ def test_encoder_codes_match(name_clip):
 def test_prompt_rows_match(name):
     c, t = CASES[name], tensors()
     synth = model(c["checkpoint"]).synthesizer()
-    opts = validate(options(c), synth.cfg)
-    prompt = synth.prompt(c["text"], opts, [], voice(name))
+    opts = validate(options(c), synth.cfg, voice(name))
+    prompt, _ = synth.prompt(c["text"], opts, voice(name))
     assert prompt.embeds.shape[1] == c["prompt_len"] and prompt.trailing.shape[1] == c["trailing_len"]
     assert max_diff(prompt.embeds[0], t[c["prompt_embeds_key"]]) < TOL
     assert max_diff(prompt.trailing[0], t[c["trailing_key"]]) < TOL

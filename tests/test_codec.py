@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from leapvox.engine import kernels
-from leapvox.engine.codec import CodecConfig, CodecDecoder
+from leapvox.engine.fast import kernels
+from leapvox.engine.fast.codec_ops import FastCodecOps
+from leapvox.engine.nets.codec import CodecConfig, CodecDecoder, CodecOps, use_ops
 
 SPF = 1920
 REFERENCE = Path(__file__).parent / "fixtures" / "reference"
@@ -64,7 +65,7 @@ def flush_denormals():
 
 @pytest.fixture(scope="module")
 def model() -> CodecDecoder:
-    m = CodecDecoder(CodecConfig.from_dict(TINY)).eval()
+    m = CodecDecoder(CodecConfig.from_dict(TINY), FastCodecOps()).eval()  # as the loader builds it
     lively_init(m)
     return m
 
@@ -133,7 +134,7 @@ def test_official_key_names_tiny(model):
         "upsample.0.1.pwconv1.bias",
     ):
         assert key in sd
-    fresh = CodecDecoder(cfg)
+    fresh = CodecDecoder(cfg, FastCodecOps())
     fresh.load_state_dict(sd, strict=True)
     assert torch.equal(fresh(random_codes(5)), model(random_codes(5)))
 
@@ -151,17 +152,21 @@ def test_output_shape_range_and_causality(model):
     assert diff[..., 20 * SPF :].max() > 0.05  # and the audio depends on an acoustic code
 
 
-@pytest.fixture(params=["compiled", "torch"])
-def kernels_mode(request):
-    """Each streaming test twice: with leapvox's compiled codec kernels where they run, and on torch's alone (what a
-    machine without a compiler runs)."""
+@pytest.fixture(params=["compiled", "torch", "plain"])
+def kernels_mode(request, model):
+    """Each streaming test three times: the loader's ops with leapvox's compiled codec kernels where they run, those
+    ops on torch's kernels alone (what a machine without a compiler runs), and the decoder's plain torch ops."""
     if request.param == "compiled":
         if kernels.linear_op() is None:
             pytest.skip(f"the compiled kernels are not available here ({kernels.unavailable_reason()})")
         yield request.param
-    else:
+    elif request.param == "torch":
         with kernels.disabled():
             yield request.param
+    else:
+        use_ops(model, CodecOps())
+        yield request.param
+        use_ops(model, FastCodecOps())
 
 
 @torch.no_grad()
@@ -200,6 +205,54 @@ def test_stream_state_is_bounded(model):
 
 
 @torch.no_grad()
+def test_stream_state_restores(model):
+    """A stream's state, taken once, restored any number of times, continues exactly as the stream did then, across
+    the official restart at frame 300 too (what Synthesizer.stream does with a codec primed by a voice's clip)."""
+    assert (model.samples_per_frame, model.sample_rate, model.streams_exactly) == (SPF, 24000, True)
+    codes = random_codes(320)
+    s = model.stream(official_chunking=True)
+    start = s.state()
+    first = s.push(codes[..., :290])
+    primed = s.state()
+    after = s.push(codes[..., 290:])
+    for _ in range(2):
+        s.push(random_codes(7, seed=2))  # anything in between
+        s.restore(primed)
+        assert torch.equal(s.push(codes[..., 290:]), after)
+    s.restore(start)
+    assert torch.equal(s.push(codes[..., :290]), first)
+
+
+def test_the_codec_receives_its_ops():
+    """codec.py imports neither leapvox's kernels nor quantization: every product runs through the ops it is handed."""
+    import ast
+
+    from leapvox.engine.nets import codec as module
+
+    tree = ast.parse(Path(module.__file__).read_text())
+    imported = {a.name for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) for a in n.names}
+    imported |= {n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+    assert not {"kernels", "quant", "fused", "codec_ops"} & imported
+    names, seen = ("linear", "swiglu", "pointwise", "conv", "snake", "overlap_add", "window_attention"), set()
+
+    def counted(name):
+        def op(self, *args):
+            seen.add(name)
+            return getattr(CodecOps, name)(self, *args)
+
+        return op
+
+    counting = type("Counting", (CodecOps,), {name: counted(name) for name in names})()
+    plain = CodecDecoder(CodecConfig.from_dict(TINY), CodecOps()).eval()
+    lively_init(plain)
+    m = CodecDecoder(plain.config, counting).eval()
+    m.load_state_dict(plain.state_dict())
+    with torch.no_grad():
+        assert torch.equal(m(random_codes(5)), plain(random_codes(5)))
+    assert seen == set(names)
+
+
+@torch.no_grad()
 def test_chunked_decode_rule(model):
     short = random_codes(80)
     assert torch.equal(model.chunked_decode(short), model(short))  # one chunk: the same as one-shot
@@ -216,7 +269,7 @@ def test_chunked_decode_rule(model):
 @torch.no_grad()
 def test_bf16(model):
     codes = random_codes(30)
-    m16 = CodecDecoder(model.config).eval()
+    m16 = CodecDecoder(model.config, FastCodecOps()).eval()
     m16.load_state_dict(model.state_dict())
     m16.to(torch.bfloat16)
     wav = m16(codes)
@@ -233,7 +286,7 @@ def test_matches_official_reference():
     if not (REFERENCE / "expected.safetensors").exists() or not (folder / "model.safetensors").exists():
         pytest.skip(f"official reference fixtures not generated yet ({REFERENCE})")
     cfg = CodecConfig.from_dict(json.loads((folder / "config.json").read_text()))
-    m = CodecDecoder(cfg).eval()
+    m = CodecDecoder(cfg, FastCodecOps()).eval()
     weights = load_file(str(folder / "model.safetensors"))
     m.load_state_dict({k.removeprefix("decoder."): v for k, v in weights.items() if k.startswith("decoder.")})
     expected = load_file(str(REFERENCE / "expected.safetensors"))
@@ -256,7 +309,7 @@ def test_matches_official_reference():
 @torch.no_grad()
 def test_lower_precision(model):
     codes = random_codes(60)
-    low = CodecDecoder(model.config).eval()
+    low = CodecDecoder(model.config, FastCodecOps()).eval()
     low.load_state_dict(model.state_dict())
     assert low.lower_precision() is low
     dtypes = {n: p.dtype for n, p in low.named_parameters()}
@@ -288,8 +341,8 @@ def test_conv_rounding_independent_of_call_length_at_full_size(dtype):
     bf16 on CPUs with AMX, where oneDNN's bf16 convolutions sum the wide layers (768+ channels) in an order that
     depends on the call's length: there about one sample in 10^4 moves by about one bf16 step (measured: 14 of 122,880
     in the 1024 -> 1536 conv, at most 18 per layer, each within ~1 step of the layer's largest output)."""
-    from leapvox.engine import kernels
-    from leapvox.engine.codec import CausalConv1d, CausalTransConv1d
+    from leapvox.engine.fast import kernels
+    from leapvox.engine.nets.codec import CausalConv1d, CausalTransConv1d
 
     exact = dtype == torch.float32 or "amx_bf16" not in kernels.cpu_flags()
 
@@ -297,6 +350,7 @@ def test_conv_rounding_independent_of_call_length_at_full_size(dtype):
     convs = [(CausalConv1d(ci, co, k, dilation=d), ci, f) for ci, co, k, d, f in CONVS]
     convs += [(CausalTransConv1d(ci, co, k, s), ci, f) for ci, co, k, s, f in TRANS_CONVS]
     for conv, c_in, f in convs:
+        use_ops(conv, FastCodecOps())
         for p in conv.parameters():
             p.copy_(torch.randn(p.shape, generator=g) / c_in**0.5)
         conv.to(dtype)

@@ -8,7 +8,7 @@ import copy
 import pytest
 import torch
 
-from leapvox.engine.coreml_wrappers import (
+from leapvox.engine.coreml.wrappers import (
     MASK_MIN,
     PredictorCall,
     PredictorSlots,
@@ -18,7 +18,7 @@ from leapvox.engine.coreml_wrappers import (
     new_kv_state,
     rms_norm,
 )
-from leapvox.engine.predictor import predict_codes
+from leapvox.engine.fast.predictor import predict_codes
 from leapvox.engine.sampling import SamplingParams
 from leapvox.engine.spec import DEFAULT_TREE, DraftPlan, SpecStats, predict_codes_spec
 from leapvox.models.recipes.coreml_export import (
@@ -128,6 +128,9 @@ def predictor_calls(cp, tree, offsets, drafts=3, scales=None):
 
 @torch.no_grad()
 def test_talker_prefill_and_decode_equal_the_engine(tiny_model):
+    """The one parity test of the Core ML backend of the decoder layer (`coreml_wrappers._Stack._layer`) against the
+    Python layer (`transformer.DecoderLayer`), through the talker's prefill and decode steps; the predictor tests
+    below check the call formulas built on it (heads, slots, drafts)."""
     _, model = tiny_model
     talker = model.talker
     ctx, p, n = 48, 16, 11
@@ -239,7 +242,7 @@ def test_masks_are_finite():
 
 
 def test_scaled_rms_norm_is_bit_identical():
-    from leapvox.engine.layers import RMSNorm
+    from leapvox.engine.nets.layers import RMSNorm
 
     norm = RMSNorm(64)
     with torch.no_grad():
@@ -305,8 +308,8 @@ def test_fp16_and_int8_weights_stay_within_measured_tolerance(tiny_model):
 def test_activation_figures_fit_fp16(tiny_model):
     """Max activation magnitudes in fp32 (tiny model and a random-weight 0.6B-size predictor) stay far below fp16's
     65504; RMSNorm's sum of squares is what comes closest, hence the power-of-two input scales."""
-    from leapvox.engine.code_predictor import CodePredictor
     from leapvox.engine.config import CodePredictorConfig
+    from leapvox.engine.nets.code_predictor import CodePredictor
     from leapvox.models.recipes.geometry import PREDICTOR_0_6B
 
     _, model = tiny_model
@@ -333,7 +336,7 @@ def test_activation_figures_fit_fp16(tiny_model):
 def one_layer_model():
     """The tiny checkpoint's architecture with one layer per stack (conversion time grows with the op count)."""
     from leapvox.engine.config import TTSConfig
-    from leapvox.engine.talker import TTSModel
+    from leapvox.engine.nets.talker import TTSModel
 
     from .conftest import tiny_config_dict
 
@@ -434,7 +437,7 @@ def test_coreml_predictor_matches_the_wrappers(tiny_model, tmp_path):  # pragma:
 
 @pytest.fixture(scope="module")
 def tiny_codec():
-    from leapvox.engine.codec import CodecConfig, CodecDecoder
+    from leapvox.engine.nets.codec import CodecConfig, CodecDecoder
 
     from .test_codec import TINY, lively_init
 
@@ -447,7 +450,7 @@ def tiny_codec():
 def test_codec_chunk_equals_the_stream(tiny_codec):
     """Chunks of 4 frames with the carried state as explicit tensors give CodecStream's audio, past the
     72-frame attention window."""
-    from leapvox.engine.coreml_wrappers import CodecChunk
+    from leapvox.engine.coreml.wrappers import CodecChunk
 
     from .test_codec import random_codes
 

@@ -1,9 +1,9 @@
-"""The Core ML backend (`--backend ane`, engine/coreml_runtime.py).
+"""The Core ML backend (`--backend ane`, engine/coreml/runtime.py).
 
 On Linux: the backend's host logic (input packing against the exported interface, KV state handling, positions,
 masks and predictor slots, sampling, the spec walk and acceptance, the KV commit) runs against a STAND-IN for the
 Core ML function models: an object with Core ML's `predict(inputs, state)` / `make_state()` interface that
-computes with the torch export wrappers (engine/coreml_wrappers.py) the functions are converted from. It is not
+computes with the torch export wrappers (engine/coreml/wrappers.py) the functions are converted from. It is not
 Core ML; it proves that everything around the Core ML call gives the torch backend's codes. Plus the one-line
 errors of `--backend ane` where Core ML cannot run.
 
@@ -17,6 +17,8 @@ Off macOS they are skipped, because Core ML predictions cannot run on Linux.
 
 from __future__ import annotations
 
+import json
+import subprocess
 import sys
 from dataclasses import replace
 
@@ -24,7 +26,7 @@ import numpy as np
 import pytest
 import torch
 
-from leapvox.engine.coreml_runtime import CoreMLBackend
+from leapvox.engine.coreml.runtime import CoreMLBackend
 from leapvox.engine.errors import InputError
 from leapvox.engine.spec import DEFAULT_TREE, DraftPlan, DraftTree, SpecStats
 from leapvox.models.recipes.coreml_export import ExportSettings, predictor_functions, talker_functions
@@ -157,7 +159,7 @@ def test_spec_commits_the_kv_rows_of_ar(fixture_model):
     """After a greedy spec frame, the predictor state's committed slots (in position order) hold the K/V rows that
     the engine's predictor stack caches for the same 16 input rows (h, C(code 0), codes 1..14) in one causal pass:
     accepted rows are committed where they were written."""
-    from leapvox.engine.predictor import predict_codes
+    from leapvox.engine.fast.predictor import predict_codes
     from leapvox.engine.sampling import SamplingParams
 
     m = fixture_model
@@ -201,7 +203,7 @@ def test_ane_backend_refuses_windowed_and_long_prompts_and_caps_frames(fixture_m
 
 
 def test_verify_timer_feeds_the_exported_interface(fixture_model):
-    """calibrate-tree --backend ane times ar and verify with inputs of the exported shapes and dtypes (the
+    """`recipe tree --backend ane` times ar and verify with inputs of the exported shapes and dtypes (the
     stand-in checks them) in one state; the figures are positive and consistent."""
     from leapvox.models.recipes.coreml_export import time_verify_over_ar
 
@@ -216,7 +218,7 @@ def test_verify_timer_feeds_the_exported_interface(fixture_model):
 
 @pytest.mark.skipif(ON_MAC, reason="checks the message off macOS")
 @pytest.mark.parametrize(
-    "command", [["speak", "Hello.", "-o", "{out}"], ["compare", "Hello.", "--out", "{dir}"], ["calibrate-tree"]]
+    "command", [["speak", "Hello.", "-o", "{out}"], ["compare", "Hello.", "--out", "{dir}"], ["recipe", "tree"]]
 )
 def test_backend_ane_off_macos_is_one_line_exit_2(tmp_path, capsys, command):
     from leapvox.app.cli import main
@@ -229,8 +231,21 @@ def test_backend_ane_off_macos_is_one_line_exit_2(tmp_path, capsys, command):
     assert not (tmp_path / "x.wav").exists()
 
 
+@pytest.mark.parametrize("backend", [[], ["--backend", "cpu"]])
+def test_cpu_speak_imports_no_core_ml_module(tmp_path, backend):
+    """A CPU `speak` (the default backend without an export, or --backend cpu) imports no Core ML module: neither
+    the runtime nor the export wrappers nor coremltools; only models/coreml_assets, which looks for exports."""
+    code = ("import json, sys; from leapvox.app.cli import main; rc = main(sys.argv[1:]); "
+            "print(json.dumps(sorted(m for m in sys.modules if 'coreml' in m))); sys.exit(rc)")
+    argv = ["speak", "Hello.", "-o", str(tmp_path / "x.wav"), "--max-frames", "4", *backend]
+    r = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "x.wav").stat().st_size > 44
+    assert json.loads(r.stdout.splitlines()[-1]) == ["leapvox.models.coreml_assets"]
+
+
 def test_auto_is_cpu_without_core_ml_or_export(tmp_path, monkeypatch):
-    from leapvox.engine import coreml_runtime
+    from leapvox.engine import backend
     from leapvox.models import coreml_assets
     from leapvox.models.recipes import coreml_export
 
@@ -238,12 +253,12 @@ def test_auto_is_cpu_without_core_ml_or_export(tmp_path, monkeypatch):
     folder = FIXTURES / "tiny-0b6"
     if not ON_MAC:
         assert coreml_assets.resolve_backend("auto", folder) == "cpu"
-    monkeypatch.setattr(coreml_runtime, "unavailable_reason", lambda: None)  # as on a Mac with coremltools
+    monkeypatch.setattr(backend, "ane_unavailable_reason", lambda: None)  # as on a Mac with coremltools
     assert coreml_assets.resolve_backend("auto", folder) == "cpu"  # ... but no export of this model
     assert coreml_assets.resolve_backend("cpu", folder) == "cpu"
     with pytest.raises(InputError, match="no Core ML export of this model") as e:
         coreml_assets.load_ane_backend(folder, None, model_name="tiny")
-    assert e.value.hint.startswith("leapvox export-coreml --model tiny")
+    assert e.value.hint.startswith("leapvox recipe coreml --model tiny")
     # an export with both parts makes auto pick ane; the newest one wins
     for name, created in (("a", 1.0), ("b", 2.0)):
         d = coreml_assets.export_root() / f"{coreml_export.export_dir(folder, ExportSettings()).name}{name}"
@@ -286,7 +301,7 @@ def mac_export(fixture_model, tmp_path):
 def test_coreml_backend_runs_ar_and_spec(mac_export, units):  # pragma: no cover - macOS only
     """Real Core ML: greedy ar and spec through the exported functions. fp16 compute may flip a near-tie, so the
     codes must agree with torch on most positions (and spec must equal ar on the same backend only up to that)."""
-    from leapvox.engine.coreml_runtime import load_backend
+    from leapvox.engine.coreml.runtime import load_backend
 
     m, export = mac_export
     backend = load_backend(export, m.tts.talker, units)

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from leapvox.engine.demo_codec import DemoCodec, DemoCodecConfig
+from leapvox.engine.nets.demo_codec import DemoCodec, DemoCodecConfig
 from leapvox.models.recipes.demo.codec_fit import fit_codec, is_demo_codec, load_codec, save_codec
 
 TINY = DemoCodecConfig(pca_dim=32, codebook_sizes=(32,) + (8,) * 15, gl_iters=16, nnls_iters=30)
@@ -72,6 +72,22 @@ def test_stream_matches_one_shot(codec):
         assert streamed.shape == one_shot.shape
         # Griffin-Lim without look-ahead: the boundary frames are worse; documented in models/recipes/demo/README.md
         assert logmel_l1(codec, streamed, target) < base + 0.15, (n, logmel_l1(codec, streamed, target), base)
+
+
+def test_stream_state_restores_and_the_codec_says_what_it_is(codec):
+    """The StreamingCodec interface: a stream's state restored continues exactly as the stream did then; the demo
+    codec's samples depend on the push boundaries, and it says so (so `speak -o` keeps the listening chunk sizes)."""
+    assert (codec.samples_per_frame, codec.sample_rate, codec.streams_exactly) == (1920, 24000, False)
+    codes = codec.encode(synthetic_speech(1.0, seed=5)).t()[None]
+    s = codec.stream()
+    start = s.push(codes[..., :4])
+    primed = s.state()
+    after = s.push(codes[..., 4:7])
+    s.push(codes[..., 7:])
+    s.restore(primed)
+    assert torch.equal(s.push(codes[..., 4:7]), after)
+    s.reset()
+    assert torch.equal(s.push(codes[..., :4]), start)
 
 
 def test_batch_decode_equals_single(codec):

@@ -1,4 +1,4 @@
-"""The predictor diagnostic's codec-space error (`leapvox demo wer --what predictor`), on a hand-sized codec."""
+"""The predictor diagnostic's codec-space error (`leapvox recipe demo wer --what predictor`), on a hand-sized codec."""
 
 from __future__ import annotations
 

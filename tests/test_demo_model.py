@@ -1,6 +1,6 @@
 """The bundled demo model: present, small, the default --model, and it speaks offline through the real CLI.
 
-These tests load the shipped weights; the model's quality (WER) is measured by `leapvox demo wer`, outside CI,
+These tests load the shipped weights; the model's quality (WER) is measured by `leapvox recipe demo wer`, outside CI,
 and recorded in its model card."""
 
 from __future__ import annotations

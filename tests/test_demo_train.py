@@ -73,7 +73,7 @@ def test_train_resumes_and_the_predictor_stage_moves_only_the_predictor(tmp_path
 
 def test_grown_predictor_starts_as_the_smaller_one():
     from leapvox.engine.config import TTSConfig
-    from leapvox.engine.talker import TTSModel
+    from leapvox.engine.nets.talker import TTSModel
     from leapvox.models.recipes.demo.train import demo_config, load_grown
 
     special = {t: 290 + i for i, t in enumerate(["<|im_start|>", "<|im_end|>", "<tts_pad>", "<tts_text_bos>",
@@ -199,7 +199,7 @@ def test_sampled_residuals_are_the_predictors_own_codes_for_the_input_only():
     """`--sampled-residuals`: the talker's input rows carry codes 1..15 that the model's predictor draws from the
     talker hidden of each frame (greedy here, so the batched draw must equal the engine's per-frame loop), while
     the code-0 targets and the frames the predictor learns from stay the true ones."""
-    from leapvox.engine.predictor import predict_codes
+    from leapvox.engine.fast.predictor import predict_codes
     from leapvox.engine.sampling import SamplingParams
     from leapvox.models.load import load_model
     from leapvox.models.recipes.demo.train import Example, make_batch, sampled_residuals
@@ -241,7 +241,7 @@ def test_init_from_a_runs_state_takes_that_runs_config_and_a_mismatch_is_a_one_l
 
     from leapvox.engine.config import TTSConfig
     from leapvox.engine.errors import InputError
-    from leapvox.engine.talker import TTSModel
+    from leapvox.engine.nets.talker import TTSModel
     from leapvox.models.recipes.demo.train import demo_config, load_grown
 
     data = tmp_path / "data"

@@ -215,11 +215,11 @@ def test_cached_models_are_verified_and_damage_is_reported(capsys, monkeypatch, 
 
 def test_every_weight_format_is_probed_and_the_auto_default_is_resolved(capsys, monkeypatch):
     from leapvox.app.common import DEFAULT_WEIGHTS
-    from leapvox.engine.quant import resolve_weights
+    from leapvox.engine.fast.quant import resolve_weights
 
     p = doctor_cmd.probe_formats(doctor_cmd.weight_formats())
     assert DEFAULT_WEIGHTS == "auto" and set(p["ms"]) == {"fp32", "bf16", "int8", "w8a8", "w4a8", "int4"}
-    from leapvox.engine.quant import w4a8_unavailable_reason
+    from leapvox.engine.fast.quant import w4a8_unavailable_reason
 
     timed = set(p["ms"])
     if w4a8_unavailable_reason():  # w4a8 needs leapvox's compiled kernel: without it, a reason instead of a time

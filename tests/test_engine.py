@@ -4,8 +4,8 @@ import torch
 
 from leapvox.engine.backend import TorchBackend
 from leapvox.engine.decode import DecodeStats
+from leapvox.engine.fast.predictor import predict_codes
 from leapvox.engine.options import SynthesisOptions, guard_frames
-from leapvox.engine.predictor import predict_codes
 from leapvox.engine.prompt import build_prompt, control_prefix
 from leapvox.engine.sampling import SamplingParams
 from leapvox.engine.synthesis import decode_frames

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from leapvox.engine import kernels
-from leapvox.engine.quant import W4A8Linear, W8A8Linear
+from leapvox.engine.fast import kernels
+from leapvox.engine.fast.quant import W4A8Linear, W8A8Linear
 
 
 def reference(x: torch.Tensor, w: torch.Tensor, s: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
@@ -185,10 +185,10 @@ def _without_a_compiler(prebuilt: Path, cache: Path) -> list[str]:
 
 
 def test_a_prebuilt_library_runs_without_a_compiler(op, tmp_path):
-    """`python -m leapvox.engine.kernels prebuild` (what packaging/build.sh runs for the bundle) places a library
+    """`python -m leapvox.engine.fast.kernels prebuild` (what packaging/build.sh runs for the bundle) places a library
     that a process with no compiler and no build cache loads, checks and uses."""
     out = tmp_path / "prebuilt"
-    r = subprocess.run([sys.executable, "-m", "leapvox.engine.kernels", "prebuild", "--out", str(out)],
+    r = subprocess.run([sys.executable, "-m", "leapvox.engine.fast.kernels", "prebuild", "--out", str(out)],
                        capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr
     lib = Path(r.stdout.strip())
@@ -238,7 +238,7 @@ def test_doctor_hints_at_a_compiler_only_where_that_is_what_is_missing(fresh_sta
 
 
 def test_prebuild_without_a_compiler_says_so(monkeypatch, tmp_path, capsys):
-    from leapvox.engine.kernels.__main__ import main
+    from leapvox.engine.fast.kernels.__main__ import main
 
     monkeypatch.setattr(kernels, "_compiler", lambda: None)
     monkeypatch.setattr(kernels.sys, "platform", "linux")
@@ -250,7 +250,7 @@ def test_prebuild_without_a_compiler_says_so(monkeypatch, tmp_path, capsys):
 
 
 def test_prebuild_into_a_folder_it_cannot_make_says_so(monkeypatch, tmp_path, capsys):
-    from leapvox.engine.kernels.__main__ import main
+    from leapvox.engine.fast.kernels.__main__ import main
 
     monkeypatch.setattr(kernels, "_build_reason", lambda: None)  # as if it could build (it fails before building)
     monkeypatch.setattr(kernels.sys, "platform", "linux")
@@ -307,7 +307,7 @@ def test_w4a8_rows_are_independent_and_zero_rows_give_zeros(op):
 
 
 def test_a_w4a8_op_that_fails_its_check_is_not_offered(op, monkeypatch):
-    from leapvox.engine.quant import w4a8_unavailable_reason
+    from leapvox.engine.fast.quant import w4a8_unavailable_reason
 
     monkeypatch.setitem(kernels._STATE, "w4a8_ok", False)  # as if the check had failed on this CPU
     assert kernels.w4a8_op() is None and kernels.w8a8_op() is not None
@@ -343,15 +343,15 @@ def test_w4a8_linear_is_a_4_bit_layer(op):
     assert plain.wscale.dtype == torch.int16 and torch.equal(plain(x), before)
 
 
-# ---- the fused decoder layer (engine/fused.py, `qwen3_layer` in w8a8.cpp) ------------------------------------------
+# ---- the fused decoder layer (engine/fast/fused.py, `qwen3_layer` in w8a8.cpp) -------------------------------------
 
 
 def w8a8_stack(head_dim: int = 64, weights: str = "w8a8"):
     """A random 2-layer Qwen3 stack in w8a8 (or w4a8) as the loader builds it (fused q/k/v and gate/up, rotated down
-    input)."""
+    input), before its layers are swapped for compiled ones (fused.fuse_stack_layers)."""
     from leapvox.engine.config import TransformerConfig
-    from leapvox.engine.quant import fuse_layers, quantized_linear
-    from leapvox.engine.transformer import DecoderStack
+    from leapvox.engine.fast.quant import fuse_layers, quantized_linear
+    from leapvox.engine.nets.transformer import DecoderStack
 
     torch.manual_seed(0)
     cfg = TransformerConfig(hidden_size=256, intermediate_size=768, num_hidden_layers=2, num_attention_heads=8,
@@ -371,7 +371,7 @@ def w8a8_stack(head_dim: int = 64, weights: str = "w8a8"):
 
 def run_stack(stack, fused: bool):
     """A prefill of 7 rows, one decode step, then 3 rows under a tree-like mask at repeated positions."""
-    from leapvox.engine import fused as fusion
+    from leapvox.engine.fast import fused as fusion
 
     g = torch.Generator().manual_seed(1)
     x, step = torch.randn(1, 7, 256, generator=g), torch.randn(1, 1, 256, generator=g)
@@ -389,14 +389,15 @@ def run_stack(stack, fused: bool):
 
 @pytest.mark.parametrize("weights", ["w8a8", "w4a8"])
 def test_fused_layer_equals_the_module_path(op, weights):
-    from leapvox.engine import fused as fusion
-    from leapvox.engine.quant import W4A8Linear
+    """The one parity test of the C++ backend (`qwen3_layer`, as fused.FusedDecoderLayer) against the Python decoder
+    layer (transformer.DecoderLayer, the module path of the same weights)."""
+    from leapvox.engine.fast import fused as fusion
+    from leapvox.engine.fast.quant import W4A8Linear
 
     stack = w8a8_stack(weights=weights)
     assert all(isinstance(layer.mlp.down_proj, W4A8Linear) == (weights == "w4a8") for layer in stack.layers)
-    assert all(fusion.fused_layer(layer) is not None for layer in stack.layers)
-    with fusion.disabled():
-        assert fusion.fused_layer(stack.layers[0]) is None
+    assert fusion.fuse_stack_layers(stack.layers) == 2
+    assert all(isinstance(layer, fusion.FusedDecoderLayer) for layer in stack.layers)
     fast, slow = run_stack(stack, True), run_stack(stack, False)
     # the same products; norms, RoPE, attention and the Hadamard rotation in another order of operations, so the
     # activations reaching a product can differ in their last bit and, now and then, one of them rounds to the next
@@ -410,11 +411,13 @@ def test_fused_layer_equals_the_module_path(op, weights):
 
 
 def test_fused_layer_writes_every_kv_repeat_and_reads_the_first(op):
-    """PredictorLoop keeps each KV head repeated for its query heads ([nkv, R, P, D]): every copy is written."""
-    from leapvox.engine import fused as fusion
+    """The kernel takes K/V buffers [nkv, R, P, D] with each KV head repeated R times: every copy is written (the
+    engine's callers pass R = 1, a KVCache's layout)."""
+    from leapvox.engine.fast import fused as fusion
 
     stack = w8a8_stack()
-    f = fusion.fused_layer(stack.layers[0])
+    fusion.fuse_stack_layers(stack.layers)
+    f = stack.layers[0].kernel
     x = torch.randn(2, 256)
     stack.setup_cache(8)
     cos, sin = stack.rope_cos[:2], stack.rope_sin[:2]
@@ -431,10 +434,10 @@ def test_fused_layer_writes_every_kv_repeat_and_reads_the_first(op):
 
 
 def test_fused_layer_only_for_shapes_it_takes(op):
-    from leapvox.engine import fused as fusion
+    from leapvox.engine.fast import fused as fusion
 
     stack = w8a8_stack(head_dim=48)  # not a multiple of 32: the module path
-    assert all(fusion.fused_layer(layer) is None for layer in stack.layers)
+    assert fusion.fuse_stack_layers(stack.layers) == 0 and not any(fusion.takes(layer) for layer in stack.layers)
     with torch.inference_mode():
         stack.setup_cache(4)
         assert stack(torch.randn(1, 2, 256), 0).shape == (1, 2, 256)
@@ -444,10 +447,11 @@ def test_fused_layer_only_for_shapes_it_takes(op):
 
 
 def test_snake_kernel_matches_the_torch_composite(op):
-    from leapvox.engine.codec import SnakeBeta
+    from leapvox.engine.fast.codec_ops import FastCodecOps
+    from leapvox.engine.nets.codec import SnakeBeta, use_ops
 
     torch.manual_seed(0)
-    snake = SnakeBeta(24)
+    snake = use_ops(SnakeBeta(24), FastCodecOps())
     with torch.no_grad():
         snake.alpha.normal_(0, 1)
         snake.beta.normal_(0, 1)
@@ -457,7 +461,7 @@ def test_snake_kernel_matches_the_torch_composite(op):
         with kernels.disabled():
             slow = snake(x)
         wide = torch.linspace(-3000, 3000, 50001)[None, None]
-        one = SnakeBeta(1)
+        one = use_ops(SnakeBeta(1), FastCodecOps())
         wide_fast = one(wide)
     assert not torch.equal(fast, slow)  # really the kernel
     assert (fast - slow).abs().max().item() < 1e-5 * slow.abs().max().item()
@@ -466,11 +470,12 @@ def test_snake_kernel_matches_the_torch_composite(op):
 
 
 def test_overlap_add_kernel_keeps_the_bits_and_streams(op):
-    from leapvox.engine.codec import CausalTransConv1d
+    from leapvox.engine.fast.codec_ops import FastCodecOps
+    from leapvox.engine.nets.codec import CausalTransConv1d, use_ops
 
     torch.manual_seed(0)
     for k, s in ((16, 8), (6, 3), (4, 4)):
-        conv = CausalTransConv1d(32, 24, k, s).eval()
+        conv = use_ops(CausalTransConv1d(32, 24, k, s).eval(), FastCodecOps())
         x = torch.randn(1, 32, 37)
         with torch.inference_mode():
             whole = conv(x)
@@ -495,12 +500,13 @@ def test_linear_f32_rounds_each_value_alike_for_any_number_of_rows(op, m, k, n):
 
 
 def test_codec_window_attention_kernel_equals_the_composite_and_streams(op):
-    from leapvox.engine.codec import CodecConfig, PreTransformer
+    from leapvox.engine.fast.codec_ops import FastCodecOps
+    from leapvox.engine.nets.codec import CodecConfig, PreTransformer, use_ops
     from leapvox.models.recipes.geometry import SPEECH_TOKENIZER
 
     cfg = CodecConfig.from_dict({**SPEECH_TOKENIZER, "num_hidden_layers": 2})
     torch.manual_seed(0)
-    pt = PreTransformer(cfg).eval()
+    pt = use_ops(PreTransformer(cfg).eval(), FastCodecOps())
     x = torch.randn(1, 90, cfg.latent_dim)  # past the 72-frame window, so the mask and the eviction both matter
     with torch.inference_mode():
         whole = pt(x, {})

@@ -1,7 +1,7 @@
 """Layer widths that are not multiples of 8, 16 or 64: every weight format and mode runs, int8 products are right.
 
 `aten._weight_int8pack_mm` (the int8 kernel) segfaults or returns wrong numbers unless the weight's input width is
-a multiple of 16 (engine/quant.py has the measured table). The crash-prone parts run in a subprocess, so a
+a multiple of 16 (engine/fast/quant.py has the measured table). The crash-prone parts run in a subprocess, so a
 segfault fails the test instead of killing pytest.
 """
 
@@ -45,7 +45,7 @@ def odd_checkpoint(tmp_path_factory):
     from safetensors.torch import save_file
 
     from leapvox.engine.config import TTSConfig
-    from leapvox.engine.talker import TTSModel
+    from leapvox.engine.nets.talker import TTSModel
 
     folder = tmp_path_factory.mktemp("odd") / "tiny-odd"
     shutil.copytree(FIXTURES / "tiny-0b6", folder)
@@ -69,7 +69,7 @@ def odd_checkpoint(tmp_path_factory):
 
 
 def test_odd_checkpoint_has_the_widths_the_kernel_cannot_take(odd_checkpoint):
-    from leapvox.engine.quant import kernel_ok, quantizable_linears
+    from leapvox.engine.fast.quant import kernel_ok, quantizable_linears
     from leapvox.models.checkpoint import load_checkpoint
 
     m = load_checkpoint(odd_checkpoint, "fp32")
@@ -81,7 +81,7 @@ def test_odd_checkpoint_has_the_widths_the_kernel_cannot_take(odd_checkpoint):
 @pytest.mark.parametrize("weights", ["fp32", "bf16", "int8", "w8a8", "w4a8", "int4"])
 def test_every_mode_runs_on_odd_widths(odd_checkpoint, tmp_path, weights):
     if weights == "w4a8":
-        from leapvox.engine.quant import w4a8_unavailable_reason
+        from leapvox.engine.fast.quant import w4a8_unavailable_reason
 
         if w4a8_unavailable_reason():
             pytest.skip(f"w4a8 does not run here: {w4a8_unavailable_reason()}")
@@ -110,8 +110,8 @@ def test_int8_products_on_odd_widths_equal_the_dequantized_weight():
     p = _run("""
         import torch, torch.nn.functional as F
         from torch import nn
-        from leapvox.engine.predictor import product
-        from leapvox.engine.quant import Int8Linear, dequantize
+        from leapvox.engine.fast.predictor import product
+        from leapvox.engine.fast.quant import Int8Linear, dequantize
         torch.manual_seed(0)
         for k in (8, 24, 40, 56, 72, 20, 33, 64, 1024):
             for n in (3, 32, 56):
@@ -136,8 +136,8 @@ def test_w8a8_products_on_odd_widths_stay_within_8_bit_activation_error():
     p = _run("""
         import torch, torch.nn.functional as F
         from torch import nn
-        from leapvox.engine.predictor import product
-        from leapvox.engine.quant import quantized_linear, w8a8_unavailable_reason
+        from leapvox.engine.fast.predictor import product
+        from leapvox.engine.fast.quant import quantized_linear, w8a8_unavailable_reason
         if w8a8_unavailable_reason():
             print("products ok (w8a8 unavailable here)", flush=True)
             raise SystemExit(0)

@@ -7,11 +7,12 @@ import dataclasses
 import pytest
 import torch
 
-from leapvox.engine import kernels
-from leapvox.engine.code_predictor import CodePredictor
 from leapvox.engine.config import CodePredictorConfig
-from leapvox.engine.predictor import PredictorLoop, loop_for, predict_codes, predict_codes_reference
-from leapvox.engine.quant import fuse_layers, quantized_linear, w4a8_unavailable_reason, w8a8_unavailable_reason
+from leapvox.engine.fast import kernels
+from leapvox.engine.fast.fused import fuse_stack_layers
+from leapvox.engine.fast.predictor import PredictorLoop, loop_for, predict_codes, predict_codes_reference
+from leapvox.engine.fast.quant import fuse_layers, quantized_linear, w4a8_unavailable_reason, w8a8_unavailable_reason
+from leapvox.engine.nets.code_predictor import CodePredictor
 from leapvox.engine.sampling import SamplingParams
 
 CFG = CodePredictorConfig(
@@ -23,7 +24,7 @@ CFG = CodePredictorConfig(
     head_dim=16,
     vocab_size=128,
 )
-# head_dim 32: shapes the fused w8a8 layer (engine/fused.py) takes, so "w8a8-fused" runs both loops through it
+# head_dim 32: shapes the fused w8a8 layer (engine/fast/fused.py) takes, so "w8a8-fused" runs both loops through it
 CFG_FUSED = dataclasses.replace(CFG, head_dim=32)
 
 
@@ -56,6 +57,8 @@ def predictor(weights: str, talker_hidden: int = 48, seed: int = 0) -> CodePredi
                     setattr(parent, name, quantized_linear(child, weights, name))
         if weights in ("w8a8", "w4a8"):  # as the loader does: q/k/v and gate/up fused into one product each
             assert fuse_layers(cp.model.layers) == 2 * len(cp.model.layers)
+            if fused:  # and each layer one compiled call
+                assert fuse_stack_layers(cp.model.layers) == len(cp.model.layers)
     cp.model.setup_cache(CFG.num_code_groups)
     if fused:
         assert all(L.fused is not None for L in PredictorLoop(cp).layers)
@@ -123,7 +126,7 @@ def test_verify_rows_equal_the_module_path_and_commit_moves_rows(weights):
 
 
 def test_split_product_uses_two_halves_and_keeps_bits():
-    from leapvox.engine.predictor import product
+    from leapvox.engine.fast.predictor import product
 
     for out_features, bias in ((10, True), (64, False), (9, False)):  # biased or odd: the plain product
         lin = torch.nn.Linear(32, out_features, bias=bias)
@@ -171,7 +174,7 @@ def test_w8a8_predictor_really_rotates_the_down_projection():
 def test_w4a8_predictor_mixes_4_and_8_bit_products_in_one_fused_layer():
     """w4a8 puts a layer's products in 4 bits where the input width is a multiple of 64 and keeps w8a8 elsewhere (the
     down projection here, 96 wide); the heads stay w8a8. The equality tests above run such mixed layers."""
-    from leapvox.engine.quant import W4A8Linear, W8A8Linear
+    from leapvox.engine.fast.quant import W4A8Linear, W8A8Linear
 
     cp = predictor("w4a8-fused")
     for layer in cp.model.layers:

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from leapvox.engine.quant import (
+from leapvox.engine.fast.quant import (
     DEQUANT_ROWS,
     FusedPart,
     Int4Linear,
@@ -245,7 +245,7 @@ needs_w4a8 = pytest.mark.skipif(
 @needs_w4a8
 @pytest.mark.parametrize("bf16_products", [True, False])
 def test_w4a8_model_is_4_bit_in_its_layers_and_lowers_the_codec_where_bf16_is_fast(monkeypatch, bf16_products):
-    from leapvox.engine import kernels
+    from leapvox.engine.fast import kernels
     from leapvox.models.load import load_model
 
     monkeypatch.setattr(kernels, "bf16_products", lambda: bf16_products)
@@ -285,7 +285,7 @@ def test_a_format_this_machine_cannot_run_is_one_line_with_a_hint(tmp_path):
 
 def test_auto_weights_resolve_to_w8a8_where_its_kernels_run_else_int8(monkeypatch):
     from leapvox.app.common import WEIGHT_CHOICES, WEIGHT_FORMATS
-    from leapvox.engine import quant
+    from leapvox.engine.fast import quant
 
     assert WEIGHT_FORMATS == quant.WEIGHT_FORMATS and ("auto", *WEIGHT_FORMATS) == WEIGHT_CHOICES
     expected = "int8" if w8a8_unavailable_reason() else "w8a8"
@@ -301,7 +301,7 @@ def test_fused_projections_compute_what_the_separate_ones_do_bit_for_bit(tiny_mo
     """fuse_projections changes the number of kernel calls, not a bit of the result: the talker's logits and the
     predictor's hidden states of a fused model equal those of the same w8a8 model left unfused; each FusedPart
     computes its rows of the fused product and reads its rows of the weight."""
-    from leapvox.engine import quant
+    from leapvox.engine.fast import quant
 
     _, ref = tiny_model
     fused, plain = copy.deepcopy(ref), copy.deepcopy(ref)

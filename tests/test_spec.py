@@ -9,9 +9,9 @@ import shutil
 import pytest
 import torch
 
-from leapvox.engine.code_predictor import CodePredictor
 from leapvox.engine.config import CodePredictorConfig
-from leapvox.engine.predictor import loop_for, predict_codes, predict_codes_reference
+from leapvox.engine.fast.predictor import loop_for, predict_codes, predict_codes_reference
+from leapvox.engine.nets.code_predictor import CodePredictor
 from leapvox.engine.sampling import SamplingParams, temperature_top_k_top_p
 from leapvox.engine.spec import (
     DEFAULT_TREE,

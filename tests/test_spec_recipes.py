@@ -20,7 +20,7 @@ def test_grow_tree_follows_acceptance_and_expected_length_grows():
 
 
 def test_expected_tokens_per_call_follows_the_frame_loop():
-    """The estimate calibrate-tree ranks trees by equals what spec_frame yields when every verify call's accepted
+    """The estimate `recipe tree` ranks trees by equals what spec_frame yields when every verify call's accepted
     path follows the same acceptance model: simulated over many frames with the real per-frame loop."""
     import random
 
@@ -109,7 +109,7 @@ def test_tv_offset_training_raises_the_acceptance_rate():
 def test_self_sampled_frames_keep_code0_and_match_unbatched_greedy():
     from dataclasses import replace
 
-    from leapvox.engine.predictor import predict_codes
+    from leapvox.engine.fast.predictor import predict_codes
 
     m, cp, frames = _tiny_frames()
     greedy = replace(m.defaults.predictor, do_sample=False)
@@ -139,7 +139,7 @@ def test_train_offsets_command_reports_paired_intervals(tmp_path, monkeypatch, c
 
     monkeypatch.setenv("LEAPVOX_HOME", str(tmp_path / "home"))
     out = tmp_path / "offsets.json"
-    argv = ["train-offsets", "--model", str(FIXTURES / "tiny-0b6"), "--weights", "fp32", "--utterances", "3",
+    argv = ["recipe", "offsets", "--model", str(FIXTURES / "tiny-0b6"), "--weights", "fp32", "--utterances", "3",
             "--variants", "tv,ce-pp", "--steps", "10", "--depth", "5", "--json", str(out)]
     assert main(argv) == 0
     rec = json.loads(out.read_text())
@@ -149,8 +149,8 @@ def test_train_offsets_command_reports_paired_intervals(tmp_path, monkeypatch, c
         d = rec["variants"][name]["vs_zero_tokens_per_call"]
         assert d["ci95"][0] <= d["delta"] <= d["ci95"][1]
     assert "tok/call" in capsys.readouterr().out
-    assert main(["train-offsets", "--model", str(FIXTURES / "tiny-0b6"), "--variants", "nope"]) == 2
-    assert main(["train-offsets", "--model", str(FIXTURES / "tiny-0b6"), "--depth", "15"]) == 2
+    assert main(["recipe", "offsets", "--model", str(FIXTURES / "tiny-0b6"), "--variants", "nope"]) == 2
+    assert main(["recipe", "offsets", "--model", str(FIXTURES / "tiny-0b6"), "--depth", "15"]) == 2
 
 
 def test_default_tree_follows_the_offsets_depth_until_a_tree_is_calibrated(tmp_path, monkeypatch):

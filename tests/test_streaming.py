@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import functools
-import time
 from dataclasses import replace
 
 import numpy as np
@@ -49,6 +48,14 @@ def test_stream_equals_one_shot_bit_exact(sampled, first, most, sizes):
     assert chunks[-1].final and not any(c.final for c in chunks[:-1])
 
 
+def test_chunks_keep_growing_across_sentences():
+    """The chunk size grows over the whole text, not anew per sentence: a later sentence leaves in one chunk where
+    its frames fit (fewer codec pushes, and playback's pre-buffer sees the audio it was sized for)."""
+    audio, chunks = collect("One. Two.", opts(max_frames=3), first_chunk=1, max_chunk=16)
+    assert chunks[-1].stats.stop_reasons == ("max_frames", "max_frames")
+    assert [(c.sentence, len(c.codes)) for c in chunks if len(c.codes)] == [(0, 1), (0, 2), (1, 3)]
+
+
 def test_stats_record():
     audio, chunks = collect("Hello there.", opts(max_frames=6))
     s = chunks[-1].stats
@@ -63,6 +70,18 @@ def test_stats_record():
     assert {"xrt", "tok_per_call", "steps_per_s", "predictor_calls_per_s", "kv_mb", "codec_ms_per_frame"} <= set(d)
     elapsed = [c.stats.elapsed_s for c in chunks]
     assert elapsed == sorted(elapsed)
+
+
+def test_the_finish_reason_rides_on_the_last_record():
+    """mlx-lm's GenerationResponse: every chunk carries the stats so far, the last one also why the stream finished;
+    below the stream, `frames` yields a step per frame and a last one with the utterance's finish reason."""
+    synth = model().synthesizer()
+    chunks = list(synth.stream("Hello there. Bye now.", opts(max_frames=3)))
+    assert [c.finish_reason for c in chunks] == [None] * (len(chunks) - 1) + ["max_frames"]
+    assert chunks[-1].stats.stop_reasons == ("max_frames",) * 2
+    steps = list(synth.frames("Hello there.", opts(max_frames=3)))
+    assert [s.frame is None for s in steps] == [False] * 3 + [True] and steps[-1].finish_reason == "max_frames"
+    assert steps[-1].stats.frames == 3 and all(s.finish_reason is None for s in steps[:-1])
 
 
 def test_sentences_in_order_with_crossfades():
@@ -87,12 +106,10 @@ def test_cancel_stops_within_a_frame():
         frames["n"] += 1
         return frames["n"] >= 3
 
-    t = time.perf_counter()
     text = "A long text. With several sentences. That would take a while."
     audio, chunks = collect(text, opts(), cancelled=cancelled)
-    s = chunks[-1].stats
-    assert s.frames == 3 and s.stop_reasons == ("cancelled",) and len(audio) == 3 * 1920
-    assert time.perf_counter() - t < 10
+    s = chunks[-1].stats  # the frame count proves the stop; no wall-clock bound (a shared box is no clock)
+    assert s.frames == 3 and s.stop_reasons == ("cancelled",) and len(audio) == 3 * 1920 and frames["n"] == 3
 
 
 def test_mode_option_validated_against_available_modes():
@@ -133,11 +150,9 @@ def test_split_long_sentence_at_clauses_then_words():
     assert " ".join(parts) == clauses
 
 
-def test_split_10k_characters_fast_and_lossless():
+def test_split_10k_characters_lossless():
     text = ("word " * 2000).strip()  # 10k characters, no punctuation at all
-    t = time.perf_counter()
     parts = split_sentences(text)
-    assert time.perf_counter() - t < 1.0
     assert all(len(p) <= 300 for p in parts) and " ".join(parts) == text
     prose = " ".join(f"Sentence {i} says Dr. No paid 3.50 for it." for i in range(250))
     assert len(prose) > 10_000

@@ -7,6 +7,7 @@ from __future__ import annotations
 import errno
 import os
 import tempfile
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -14,7 +15,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from leapvox.app.cli import build_parser, main
-from leapvox.app.common import UsageError, check_speak, precheck_speak, read_text
+from leapvox.app.common import UsageError, check_speak, open_model, read_text, speak_options
 from leapvox.app.playback import OutputDevice
 from leapvox.engine.errors import InputError, LeapvoxError
 from leapvox.engine.options import MODES, SEED_MAX, check_options, check_text
@@ -193,7 +194,7 @@ def cli_verdict(text: str, opts: dict) -> str | None:
         return "--mode: invalid choice"
     try:
         check_speak(args, read_text(args))
-        precheck_speak(args)
+        speak_options(args, open_model(args))
     except (UsageError, LeapvoxError) as e:
         return str(e)
     return None
@@ -241,6 +242,38 @@ def test_cli_and_server_give_the_same_verdict(served, text, seed, language, spea
     opts = {k: v for k, v in dict(seed=seed, language=language, speaker=speaker, mode=mode).items() if v is not None}
     cli, server = cli_verdict(text, opts), server_verdict(served, text, opts)
     assert (cli is None) == (server is None), (cli, server and str(server))
+
+
+def test_cli_and_server_build_the_same_options(served):
+    """One builder (engine.options.build_options) and one validation behind both: the same values give equal
+    options, validated (speaker and language resolved) before the request reaches the model."""
+    from leapvox.app.serve_request import Settings, parse_speech
+
+    args = build_parser("speak").parse_args(["speak", "--model", str(MODEL), "--seed", "7", "--language", "English",
+                                             "--speaker", "Ryan", "--mode", "spec", "--", "Hi."])
+    cli = speak_options(args, open_model(args))
+    req = {"model": "tiny", "input": "Hi.", "voice": "Ryan", "seed": 7, "language": "English", "mode": "spec"}
+    server = parse_speech(req, served, Settings("tiny"), ["wav"])[1]
+    assert cli == server and (server.speaker, server.language, server.seed) == ("ryan", "english", 7)
+
+
+def test_validate_checks_once_per_model_and_voice(served):
+    """validate returns options it checked for this config and voice as they are (the stream validates what the
+    entry point validated before the load); a changed copy, another config or a voice is checked again."""
+    from dataclasses import replace
+
+    from leapvox.engine.options import OptionError, SynthesisOptions, validate
+    from leapvox.models.checkpoint import load_config
+
+    cfg = served.config
+    opts = validate(SynthesisOptions(speaker="RYAN"), cfg)
+    assert validate(opts, cfg) is opts and opts.speaker == "ryan"
+    with pytest.raises(OptionError, match="unknown decoding mode 'turbo'"):
+        validate(replace(opts, mode="turbo"), cfg)
+    again = validate(opts, load_config(MODEL))
+    assert again == opts and again is not opts
+    with pytest.raises(OptionError, match="needs a Base model"):
+        validate(opts, cfg, voice="me")
 
 
 # ---- 4. the text rule, and the engine as the source of truth -------------------------------------------------------
@@ -317,3 +350,46 @@ def test_tui_refuses_what_has_nothing_to_say(tmp_path):
                                              "some words first"]
 
     asyncio.run(go())
+
+
+# ---- 6. one request: the model resolved, its config read and the options checked once -----------------------------
+
+def test_one_speak_request_resolves_reads_and_validates_once(tmp_path, capsys):
+    """One `speak --mode spec` request of two sentences on the demo model: the --model value resolved (hub.ensure)
+    once, config.json opened once, the voice rule run once, and the options validated once (a `validate` that
+    returns the options it was given has nothing left to check). Each was 2 to 4 before (issue #38)."""
+    import collections
+    import sys
+
+    import leapvox.app
+    import leapvox.engine
+    import leapvox.models
+    from leapvox.models.catalog import CATALOG
+
+    ours = tuple(str(Path(m.__file__).parent) for m in (leapvox.app, leapvox.engine, leapvox.models))
+    config = (CATALOG["demo"].bundled / "config.json").resolve()
+    counts, tracing = collections.Counter(), [True]
+
+    def opened(event, args):
+        if tracing and event == "open" and str(args[0]).endswith("config.json") and Path(args[0]).resolve() == config:
+            counts["config.json"] += 1
+
+    def calls(frame, event, arg):
+        code = frame.f_code
+        if code.co_name not in ("validate", "check_voice", "ensure") or not code.co_filename.startswith(ours):
+            return
+        if event == "call" and code.co_name != "validate":
+            counts[code.co_name] += 1
+        elif event == "return" and code.co_name == "validate" and arg is not frame.f_locals["opts"]:
+            counts["validate"] += 1
+
+    sys.addaudithook(opened)  # stays for the session; `tracing` turns it off
+    sys.setprofile(calls)
+    try:
+        code = main(["speak", "Hello there. Bye now.", "--mode", "spec", "--seed", "1", "--max-frames", "3",
+                     "--model", "demo", "--weights", "fp32", "-o", str(tmp_path / "x.wav"), "-q"])
+    finally:
+        sys.setprofile(None)
+        tracing.clear()
+    assert code == 0, capsys.readouterr().err
+    assert dict(counts) == {"validate": 1, "check_voice": 1, "ensure": 1, "config.json": 1}

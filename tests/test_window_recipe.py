@@ -1,4 +1,4 @@
-"""`leapvox train-window`: the training mask is windowed mode's attention, the loss terms, the schedule, the run."""
+"""`leapvox recipe window`: the training mask is windowed mode's attention, the loss terms, the schedule, the run."""
 
 from __future__ import annotations
 
@@ -90,7 +90,7 @@ def test_train_window_end_to_end_on_the_demo_model(tmp_path):
             "codes": codes, "offsets": torch.tensor([0] + lengths).cumsum(0), "sentence": torch.arange(n) % 2,
         }, data / f"{split}.pt")
     out = tmp_path / "adapted"
-    rc = main(["train-window", "--model", str(DEMO_DIR), "--data", str(data), "--out", str(out), "--window", "8",
+    rc = main(["recipe", "window", "--model", str(DEMO_DIR), "--data", str(data), "--out", str(out), "--window", "8",
                "--start-window", "16", "--steps", "3", "--batch", "2"])
     assert rc == 0
     report = json.loads((out / "leapvox_window_report.json").read_text())
@@ -117,7 +117,7 @@ def test_train_window_end_to_end_on_the_demo_model(tmp_path):
 def test_train_window_rejects_bad_options(tmp_path, capsys, bad):
     from leapvox.app.cli import main
 
-    rc = main(["train-window", "--model", str(tmp_path), "--data", str(tmp_path), "--out", str(tmp_path / "o"),
+    rc = main(["recipe", "window", "--model", str(tmp_path), "--data", str(tmp_path), "--out", str(tmp_path / "o"),
                *bad])
     assert rc == 2
     assert "leapvox:" in capsys.readouterr().err

@@ -129,13 +129,14 @@ def test_window_option_is_validated(tiny_model):
 
 def test_cli_window_flag_reaches_the_options():
     from leapvox.app.cli import build_parser
-    from leapvox.app.common import speak_options
+    from leapvox.app.common import flag_values
+    from leapvox.engine.options import build_options
 
     args = build_parser().parse_args(["speak", "hi", "-o", "x.wav", "--mode", "windowed", "--window", "12"])
-    opts = speak_options(args, SynthesisOptions())
+    opts = build_options(flag_values(args), SynthesisOptions())
     assert (opts.mode, opts.window) == ("windowed", 12)
     args = build_parser().parse_args(["speak", "hi", "-o", "x.wav"])
-    assert speak_options(args, SynthesisOptions()).window == 48
+    assert build_options(flag_values(args), SynthesisOptions()).window == 48
 
 
 def test_bench_window_reports_flat_windowed_kv(tmp_path):

@@ -1,4 +1,4 @@
-"""`leapvox export-coreml`: talker, code predictor and codec decoder as Core ML assets (conversion runs on Linux)."""
+"""`leapvox recipe coreml`: talker, code predictor and codec decoder as Core ML assets (conversion runs on Linux)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 def add_commands(sub) -> None:
     e = sub.add_parser(
-        "export-coreml",
+        "coreml",
         help="export the talker, code predictor and codec decoder to Core ML (.mlpackage; runs on macOS 15)",
         description="Convert a model to Core ML: the talker (prefill + decode) and the code predictor (prefill, ar, "
         "fused draft + verify) as multifunction .mlpackage assets with shared weights and KV caches as states, and "
@@ -34,12 +34,14 @@ def _say(msg: str) -> None:
 
 
 def calibration_backend(args) -> tuple[str, str]:
-    """calibrate-tree's (backend, device class) for the tree file: ('cpu', 'cpu'), or ('ane', this Mac's chip)."""
+    """`recipe tree`'s (backend, device class) for the tree file: ('cpu', 'cpu'), or ('ane', this Mac's chip)."""
     from leapvox.app.common import check_backend
-    from leapvox.engine.coreml_runtime import device_class, unavailable_reason
+    from leapvox.engine.backend import ane_unavailable_reason
 
     check_backend(args)
-    if args.backend == "ane" or (args.backend == "auto" and unavailable_reason() is None):
+    if args.backend == "ane" or (args.backend == "auto" and ane_unavailable_reason() is None):
+        from leapvox.engine.coreml.runtime import device_class
+
         return "ane", device_class()
     return "cpu", "cpu"
 
@@ -57,7 +59,7 @@ def cmd_export_coreml(args) -> int:
     if not model:
         raise UsageError("no model given", hint="pass --model qwen3-tts-0.6b, or --model PATH to a checkpoint folder")
     folder = resolve_model_path(model, pull=False)
-    from leapvox.engine.coreml_runtime import device_class
+    from leapvox.engine.coreml.runtime import device_class
 
     for backend, device in (("ane", device_class()), ("ane", "default"), ("cpu", "cpu")):  # this Mac's tree first
         tree, tree_file = load_tree(folder, backend, device)
@@ -73,7 +75,7 @@ def cmd_export_coreml(args) -> int:
         raise UsageError(str(e), hint=e.hint) from None
     settings = replace(settings, drafts=settings.tree.max_depth)  # draft as deep as the verify tree goes
     _say(f"draft tree: {settings.tree.size} nodes, depth {settings.tree.max_depth} "
-         f"({tree_file or 'the default tree; run leapvox calibrate-tree for a calibrated one'})")
+         f"({tree_file or 'the default tree; run leapvox recipe tree for a calibrated one'})")
     from leapvox.models.recipes.coreml_export import export_model, export_modules
 
     if args.out is None:

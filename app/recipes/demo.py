@@ -1,4 +1,4 @@
-"""`leapvox demo build-data|wer`: build the demo model's training data and measure intelligibility.
+"""`leapvox recipe demo build-data|wer|train`: build the demo model's training data and measure intelligibility.
 
 Both need the `demo` extra (pip install 'leapvox[demo]') and the Debian package fortunes; the espeak teacher
 also the espeak-ng program.
@@ -18,7 +18,7 @@ from leapvox.models.recipes.demo.sizes import SIZES
 
 
 def add_commands(sub) -> None:
-    """Register `demo` (with build-data and wer) on the top-level subparsers."""
+    """Register `demo` (build-data, wer, train) on `leapvox recipe`'s subparsers."""
     d = sub.add_parser("demo", help="build the demo model's data and codec; score intelligibility (WER)",
                        description="Recipes behind the bundled demo model; need pip install 'leapvox[demo]', "
                        "espeak-ng and fortunes.")
@@ -176,11 +176,10 @@ def _load_for_wer(name: str, weights: str | None):
 
 def _sampling(opts, args):
     """The model's defaults with --greedy / --temperature / --top-k applied to code 0 and codes 1..15."""
-    from dataclasses import replace
+    from leapvox.app.common import flag_values
+    from leapvox.engine.options import SAMPLED, build_options
 
-    from leapvox.app.common import sampling_args
-
-    return replace(opts, talker=sampling_args(opts.talker, args), predictor=sampling_args(opts.predictor, args))
+    return build_options(flag_values(args, ("greedy", *SAMPLED)), opts)
 
 
 def cmd_wer(args) -> int:

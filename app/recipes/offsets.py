@@ -1,4 +1,4 @@
-"""`leapvox train-offsets`, `leapvox calibrate-tree`, `leapvox bench-spec`: the assets and figures of spec mode."""
+"""`leapvox recipe offsets|tree|bench-spec`: spec mode's draft offsets and draft tree, and its benchmark."""
 
 from __future__ import annotations
 
@@ -39,11 +39,11 @@ VARIANTS = ("ce", "ce-pp", "kl", "kl-pp", "tv", "tv-pp")
 def add_commands(sub) -> None:
     from leapvox.app.common import model_args
 
-    t = sub.add_parser("train-offsets", help="train spec mode's draft offsets for a model (frozen model)")
+    t = sub.add_parser("offsets", help="train spec mode's draft offsets for a model (frozen model)")
     model_args(t)
     t.add_argument("--texts", type=Path, help="text file, one sentence per line (default: a built-in set)")
     t.add_argument("--utterances", type=int, default=20, help="how many sentences to generate frames from")
-    t.add_argument("--data", type=Path, help="use ground-truth codes from a `leapvox demo build-data` folder "
+    t.add_argument("--data", type=Path, help="use ground-truth codes from a `leapvox recipe demo build-data` folder "
                    "(train split) instead of the model's own generations")
     t.add_argument("--held-out", type=int, help="with --data: test-split utterances to measure on "
                    "(default utterances / 4)")
@@ -58,7 +58,7 @@ def add_commands(sub) -> None:
     t.add_argument("--json", type=Path, help="also write the per-variant acceptance table here")
     t.set_defaults(func=cmd_train_offsets)
 
-    c = sub.add_parser("calibrate-tree", help="measure acceptance and choose spec mode's draft tree for this CPU")
+    c = sub.add_parser("tree", help="measure acceptance and choose spec mode's draft tree for this CPU")
     model_args(c)
     c.add_argument("--texts", type=Path, help="text file, one sentence per line (default: a built-in set)")
     c.add_argument("--utterances", type=int, default=10)
@@ -246,7 +246,7 @@ def cmd_calibrate_tree(args) -> int:
                       "device": device, **({"compute_units": args.compute_units} if ane else {})})
     _say(f"chose N={best['N']}: {path}")
     if ane:
-        _say(f"the ane backend runs the tree of its export: leapvox export-coreml --model {args.model} (re-export)")
+        _say(f"the ane backend runs the tree of its export: leapvox recipe coreml --model {args.model} (re-export)")
     if args.json:
         args.json.write_text(json.dumps({"rank_acceptance": acc, "trees": results}, indent=1))
     return 0
@@ -256,8 +256,8 @@ def bench_verify_cost(threads: int | None = None) -> dict:
     """Median seconds of a verify call over N draft nodes vs an ar step, random 0.6B-size code predictor."""
     import torch
 
-    from leapvox.engine.code_predictor import CodePredictor
     from leapvox.engine.config import CodePredictorConfig
+    from leapvox.engine.nets.code_predictor import CodePredictor
     from leapvox.models.recipes.geometry import PREDICTOR_0_6B, TALKER_0_6B
     from leapvox.models.recipes.spec import verify_cost, verify_over_ar
 

@@ -1,8 +1,9 @@
-"""`leapvox bench-window`: per-step talker latency and KV bytes vs frames generated, ar vs windowed.
+"""`leapvox recipe window` (adapt a model to windowed mode: models/recipes/window.py) and `leapvox recipe
+bench-window`: per-step talker latency and KV bytes vs frames generated, ar vs windowed.
 
-Runs on a random-weight talker of the 0.6B architecture (the decoder stack and code-0 head; no text embedding,
-no code predictor worth the name) fed random embeddings, so it needs no checkpoint. A step's cost depends only
-on how many keys it attends to, not on their values, so each sample point is timed by placing one step at that
+The benchmark runs on a random-weight talker of the 0.6B architecture (the decoder stack and code-0 head; no text
+embedding, no code predictor worth the name) fed random embeddings, so it needs no checkpoint. A step's cost depends
+only on how many keys it attends to, not on their values, so each sample point is timed by placing one step at that
 frame (ar: slot and position L+n over L+n+1 keys; windowed: ring slot, position L+n over L+W keys) rather than by
 generating every frame before it.
 """
@@ -26,17 +27,8 @@ TALKER_0_6B = {  # the 0.6B talker's layers (models/recipes/geometry.py) with st
 
 
 def add_commands(sub) -> None:
-    b = sub.add_parser("bench-window", help="benchmark windowed vs ar talker steps: latency and KV bytes vs length")
-    b.add_argument("--frames", type=int, default=3000, help="longest utterance to sample, in frames (default 3000)")
-    b.add_argument("--every", type=int, default=100, help="sample every N frames (default 100)")
-    b.add_argument("--window", type=int, default=48, help="windowed mode's window, in frames (default 48)")
-    b.add_argument("--prompt", type=int, default=64, help="prompt rows L (default 64, a two-sentence prompt)")
-    b.add_argument("--repeats", type=int, default=5, help="timed steps per sample point; the median is kept")
-    b.add_argument("--json", type=Path, default=Path("bench-window.json"), help="where to write the raw numbers")
-    b.set_defaults(func=cmd_bench_window)
-
     t = sub.add_parser(
-        "train-window",
+        "window",
         help="adapt a model to windowed mode: distil the full-attention model into a windowed student",
         description="Fine-tune a copy of the model under windowed mode's attention mask (global prompt, last W "
         "frames), annealing the window from --start-window down to --window on a cosine schedule with a "
@@ -44,7 +36,7 @@ def add_commands(sub) -> None:
         "ground truth. Writes an adapted checkpoint folder; windowed mode then defaults to its window.",
     )
     t.add_argument("--model", required=True, help="checkpoint folder or catalog name of the full-attention model")
-    t.add_argument("--data", required=True, type=Path, help="training data (a leapvox demo build-data folder)")
+    t.add_argument("--data", required=True, type=Path, help="training data (a leapvox recipe demo build-data folder)")
     t.add_argument("--out", required=True, type=Path, help="where to write the adapted checkpoint folder")
     t.add_argument("--window", type=int, default=48, help="target window W in frames (default 48)")
     t.add_argument("--start-window", type=int, default=128, help="window at the start of the anneal (default 128)")
@@ -56,13 +48,22 @@ def add_commands(sub) -> None:
     t.add_argument("--threads", type=int, help="torch threads (default: torch's choice)")
     t.set_defaults(func=cmd_train_window)
 
+    b = sub.add_parser("bench-window", help="benchmark windowed vs ar talker steps: latency and KV bytes vs length")
+    b.add_argument("--frames", type=int, default=3000, help="longest utterance to sample, in frames (default 3000)")
+    b.add_argument("--every", type=int, default=100, help="sample every N frames (default 100)")
+    b.add_argument("--window", type=int, default=48, help="windowed mode's window, in frames (default 48)")
+    b.add_argument("--prompt", type=int, default=64, help="prompt rows L (default 64, a two-sentence prompt)")
+    b.add_argument("--repeats", type=int, default=5, help="timed steps per sample point; the median is kept")
+    b.add_argument("--json", type=Path, default=Path("bench-window.json"), help="where to write the raw numbers")
+    b.set_defaults(func=cmd_bench_window)
+
 
 def random_talker(spec: dict | None = None):
     """A random-weight Talker of the given architecture (default: the 0.6B talker), eval mode, fp32."""
     import torch
 
     from leapvox.engine.config import TalkerConfig
-    from leapvox.engine.talker import Talker
+    from leapvox.engine.nets.talker import Talker
 
     torch.manual_seed(0)
     return Talker(TalkerConfig.from_dict(spec or TALKER_0_6B)).eval()

@@ -22,7 +22,7 @@ from leapvox.app.common import clean_text
 from leapvox.app.playback import AudioUnavailable, Player, output_devices
 from leapvox.engine.backend import available_backends
 from leapvox.engine.errors import LeapvoxError
-from leapvox.engine.options import MODES, check_text
+from leapvox.engine.options import MODES, build_options, check_text, validate
 
 from .history import History
 from .messages import ModelFailed, ModelReady, SpeechFinished, SpeechProgress
@@ -182,11 +182,12 @@ class LeapvoxApp(App):
             return
         voice = self.query_one(VoiceBar).voice
         base = self.model.model_type == "base"
-        opts = replace(self.options, speaker=None if base else voice.speaker or None, language=voice.language,
-                       mode=voice.mode)
-        if base and not voice.speaker:
-            self.notify("a Base model speaks in a saved voice: add one with leapvox voices add NAME CLIP --model ...",
-                        severity="warning")
+        state = {"speaker": None if base else voice.speaker or None, "language": voice.language, "mode": voice.mode}
+        try:  # the one set of option rules, checked here once: a Base model without a saved voice is told now
+            opts = validate(build_options(state, self.options), self.model.config,
+                            (voice.speaker or None) if base else None)
+        except LeapvoxError as e:
+            self.notify(str(e) + (f" ({e.hint})" if e.hint else ""), severity="warning")
             return
         self._set_busy(True)
         self.speak(text, opts, voice.backend, voice.speaker if base else None)

@@ -23,10 +23,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .coreml_wrappers import PredictorSlots, additive_mask
-from .errors import InputError
-from .sampling import SamplingParams, pick
-from .spec import (
+from leapvox.engine import backend
+from leapvox.engine.errors import InputError
+from leapvox.engine.nets.talker import Talker
+from leapvox.engine.sampling import SamplingParams, pick
+from leapvox.engine.spec import (
     DraftPlan,
     DraftTree,
     SpecStats,
@@ -35,33 +36,63 @@ from .spec import (
     candidates,
     spec_frame,
 )
-from .talker import Talker
 
 # --compute-units (options.COMPUTE_UNIT_CHOICES) -> coremltools.ComputeUnit member
 COMPUTE_UNITS = {"cpu_and_ne": "CPU_AND_NE", "all": "ALL", "cpu_only": "CPU_ONLY"}
 MANIFEST = "manifest.json"
+MASK_MIN = -1.0e4  # additive mask value: exp underflows to exactly 0 in fp32 and fp16, and it stays finite
+
+
+def additive_mask(allowed: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """Boolean mask (True = may attend) -> 0 / MASK_MIN."""
+    zero = torch.zeros((), dtype=dtype)
+    return torch.where(allowed, zero, torch.full((), MASK_MIN, dtype=dtype))
+
+
+class PredictorSlots:
+    """Host-side bookkeeping of the predictor cache: which slots hold committed rows (never moved or rewritten);
+    each call's rows go to free slots; the mask lets a row see every committed slot plus its own tree ancestors."""
+
+    def __init__(self, context: int):
+        self.context = context
+        self.committed: list[int] = []
+
+    def reset(self) -> None:
+        self.committed = []
+
+    def alloc(self, n: int) -> list[int]:
+        taken = set(self.committed)
+        free = [s for s in range(self.context) if s not in taken][:n]
+        if len(free) < n:
+            raise RuntimeError(f"predictor cache of {self.context} slots is full")
+        return free
+
+    def mask(self, slots: list[int], ancestors: torch.Tensor, dtype=torch.float32) -> torch.Tensor:
+        """[T, S] additive mask; `ancestors` [T, T] bool (row i may see row j of this call)."""
+        allowed = torch.zeros(len(slots), self.context, dtype=torch.bool)
+        allowed[:, self.committed] = True
+        allowed[:, slots] = ancestors
+        return additive_mask(allowed, dtype)
+
+    def commit(self, slots: list[int]) -> None:
+        self.committed.extend(slots)
 
 
 def unavailable_reason() -> str | None:
-    """Why Core ML predictions cannot run here (one line), or None when they can."""
-    if sys.platform != "darwin":
-        where = "Linux" if sys.platform.startswith("linux") else sys.platform
-        return f"the ane backend needs macOS (Core ML predictions are unavailable on {where})"
-    release = platform.mac_ver()[0]
-    if release and int(release.split(".")[0]) < 15:
-        return f"the ane backend needs macOS 15 or later (stateful Core ML models); this is macOS {release}"
-    try:
-        import coremltools  # noqa: F401
-    except ImportError:
-        return "the ane backend needs coremltools (pip install 'leapvox[coreml]')"
-    return None
+    """Why Core ML predictions cannot run here, or None (`backend.ane_unavailable_reason`, which needs no import of
+    this module)."""
+    return backend.ane_unavailable_reason()
 
 
 def check_available() -> None:
     """Raise a one-line InputError (exit 2) when Core ML predictions cannot run on this machine."""
-    why = unavailable_reason()
+    why = backend.ane_unavailable_reason()
     if why:
         raise InputError(why, hint="use --backend cpu")
+    try:
+        import coremltools  # noqa: F401
+    except ImportError as e:
+        raise InputError(f"coremltools is installed but does not import: {e}", hint="use --backend cpu") from None
 
 
 def device_class() -> str:
@@ -103,13 +134,13 @@ def read_manifest(export_dir: Path) -> dict:
         manifest = json.loads(path.read_text())
     except (OSError, ValueError) as e:
         raise InputError(
-            f"cannot read the Core ML export manifest {path}: {e}", hint="re-run leapvox export-coreml for this model"
+            f"cannot read the Core ML export manifest {path}: {e}", hint="re-run leapvox recipe coreml for this model"
         ) from None
     missing = [p for p in ("talker", "predictor") if p not in manifest.get("parts", {})]
     if missing:
         raise InputError(
             f"the Core ML export {export_dir} has no {' or '.join(missing)} part",
-            hint="re-run leapvox export-coreml with --parts predictor,talker,codec",
+            hint="re-run leapvox recipe coreml with --parts predictor,talker,codec",
         )
     return manifest
 
@@ -287,7 +318,7 @@ def draft_candidates(drafts: torch.Tensor, widths: list[int], params: SamplingPa
 
 
 def load_backend(export_dir: Path, talker: Talker, compute_units: str = "cpu_and_ne") -> CoreMLBackend:
-    """The Core ML backend over an export folder (leapvox export-coreml); `talker` supplies the host embeddings."""
+    """The Core ML backend over an export folder (leapvox recipe coreml); `talker` supplies the host embeddings."""
     check_available()
     export_dir = Path(export_dir)
     manifest = read_manifest(export_dir)

@@ -32,10 +32,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .code_predictor import CodePredictor
-from .layers import RMSNorm, rope_cos_sin, rope_inv_freq
-from .talker import Talker
-from .transformer import DecoderLayer, DecoderStack
+from leapvox.engine.nets import layers
+from leapvox.engine.nets.code_predictor import CodePredictor
+from leapvox.engine.nets.layers import RMSNorm, apply_rope, rope_cos_sin, rope_inv_freq
+from leapvox.engine.nets.talker import Talker
+from leapvox.engine.nets.transformer import DecoderLayer, DecoderStack
 
 MASK_MIN = -1.0e4  # additive mask value: exp underflows to exactly 0 in fp32 and fp16, and it stays finite
 PREDICTOR_ROPE_LEN = 32  # predictor positions stay below 1 + 15 + tree depth <= 31
@@ -60,19 +61,9 @@ def power_of_two_scale(max_rms: float) -> float:
 
 
 def rms_norm(norm: RMSNorm, x: torch.Tensor, scale: float = 1.0) -> torch.Tensor:
-    """The engine's RMSNorm; with a power-of-two `scale` it squares x / scale (bit-identical in fp32)."""
-    dtype = x.dtype
-    h = x.to(torch.float32)
-    if scale != 1.0:
-        h = h * (1.0 / scale)
-        return norm.weight * (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + norm.eps / (scale * scale))).to(dtype)
-    return norm.weight * (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + norm.eps)).to(dtype)
-
-
-def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, head_dim: int) -> torch.Tensor:
-    """layers.apply_rope with the half width as a constant (no shape arithmetic in the traced graph)."""
-    half = head_dim // 2
-    return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
+    """The engine's RMSNorm (`layers.rms_norm`); with a power-of-two `scale` it squares x / scale (the same bits in
+    fp32)."""
+    return layers.rms_norm(x, norm.weight, norm.eps, scale)
 
 
 class _Stack(nn.Module):
@@ -101,17 +92,18 @@ class _Stack(nn.Module):
         return self.norm_scales.get(name, 1.0)
 
     def _layer(self, i: int, layer: DecoderLayer, x, cos, sin, write, mask) -> torch.Tensor:
-        """One decoder block; `write(i, k, v)` stores the new rows and returns the keys/values to attend over.
-        Shapes are static Python ints (batch 1, T rows), so the traced graph has no shape arithmetic."""
+        """`transformer.DecoderLayer.forward` for Core ML (tests/test_coreml.py checks one against the other):
+        `write(i, k, v)` stores the new rows and returns the keys/values to attend over, norms take their
+        `norm_scales`, and shapes are static Python ints (batch 1, T rows), so the traced graph has no shape
+        arithmetic."""
         a = layer.self_attn
         t, nh, nkv, hd = self.rows, a.n_heads, a.n_kv, a.head_dim
         h = rms_norm(layer.input_layernorm, x, self._scale(f"layers.{i}.input_layernorm"))
-        q = a.q_proj(h).view(1, t, nh, hd)
-        k = a.k_proj(h).view(1, t, nkv, hd)
-        q = rms_norm(a.q_norm, q, self._scale(f"layers.{i}.self_attn.q_norm")).transpose(1, 2)  # [1, H, T, D]
-        k = rms_norm(a.k_norm, k, self._scale(f"layers.{i}.self_attn.k_norm")).transpose(1, 2)  # [1, KV, T, D]
-        v = a.v_proj(h).view(1, t, nkv, hd).transpose(1, 2)
-        q, k = _rope(q, cos, sin, hd), _rope(k, cos, sin, hd)
+        q, k, v = a.project(h)
+        q = rms_norm(a.q_norm, q.view(1, t, nh, hd), self._scale(f"layers.{i}.self_attn.q_norm")).transpose(1, 2)
+        k = rms_norm(a.k_norm, k.view(1, t, nkv, hd), self._scale(f"layers.{i}.self_attn.k_norm")).transpose(1, 2)
+        v = v.view(1, t, nkv, hd).transpose(1, 2)  # q [1, H, T, D]; k, v [1, KV, T, D]
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         keys, values = write(i, k, v)  # [1, KV, S, D]
         rep, s = nh // nkv, self.kv_len
         if rep > 1:
@@ -331,7 +323,7 @@ class CodecChunk(nn.Module):
     def _attention(self, a, x, cos, sin, mask) -> torch.Tensor:
         n, hd = self.frames, self.head_dim
         q, k, v = (p(x).view(1, n, -1, hd).transpose(1, 2) for p in (a.q_proj, a.k_proj, a.v_proj))
-        q, k = _rope(q, cos, sin, hd), _rope(k, cos, sin, hd)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         kv = torch.cat([self._take((2, 1, a.n_kv, self.window - 1, hd)), torch.stack([k, v])], dim=3)
         self._state_out.append(kv[:, :, :, n:])
         keys, values = kv[0], kv[1]

@@ -1,32 +1,29 @@
-"""A Qwen3 decoder layer as one call into leapvox's compiled kernel, for w8a8 weights at batch 1.
+"""A Qwen3 decoder layer as one call into leapvox's compiled kernel, for w8a8 / w4a8 weights at batch 1.
 
-At batch 1 a decoder layer's time on the CPU is mostly not its products: the 0.6B code predictor's 15-code frame
-spent 36 of its 80 ms outside the w8a8 kernel (RMSNorms, RoPE, the attention call, the down projection's Hadamard
-rotation, and dispatching ~25 small torch ops per layer). `engine/kernels/w8a8.cpp`'s `qwen3_layer` runs the whole
-layer in C++ instead: the norms, the fused q/k/v product, per-head q/k norms and RoPE, the K/V write, attention over
-the cached slots (causal or under a mask), the output product and residual, then the MLP (fused gate/up, SiLU, the
-rotation as a fast Walsh-Hadamard transform, down) and its residual. The products are the same w8a8 kernel calls
-the module path makes; the rest is fp32 in another order of operations, so it equals the module path up to fp32
-rounding (tests/test_kernels.py), not bit for bit.
+At batch 1 a decoder layer's time on the CPU is mostly not its products but the ~25 small torch ops around them.
+`engine/fast/kernels/w8a8.cpp`'s `qwen3_layer` runs the whole layer in C++ instead: the norms, the fused q/k/v product,
+per-head q/k norms and RoPE, the K/V write, attention over the cached slots (causal or under a mask), the output
+product and residual, then the MLP (fused gate/up, SiLU, the rotation as a fast Walsh-Hadamard transform, down) and
+its residual. The products are the same kernel calls the module path makes; the rest is fp32 in another order of
+operations, so it equals `transformer.DecoderLayer` up to fp32 rounding (tests/test_kernels.py), not bit for bit.
 
-`fused_layer(layer)` returns the layer's `FusedLayer` when every product in it is a W8A8Linear on leapvox's kernel
-(none has a bias; the model's dtype is fp32), else None. Both the module path (`transformer.DecoderLayer`, which the
-talker and the reference predictor loop run) and `predictor.PredictorLoop` take it, so they stay equal to each
-other. Measured in tests/benchmarks/README.md ("Fused layer").
+`fuse_decoder_layers(tts)` swaps each decoder layer that the kernel takes (every product a W8A8Linear on leapvox's
+kernel, q/k/v and gate/up fused, no bias, fp32 norms, shapes it handles) for a `FusedDecoderLayer`: the same
+module tree and call, so the talker's steps, the reference predictor loop and `predictor.PredictorLoop` all run it.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-import weakref
 from collections.abc import Iterator
 
 import torch
 from torch import nn
 
-from . import kernels
-from .quant import W8A8Linear
+from leapvox.engine.fast import kernels
+from leapvox.engine.fast.quant import FusedAttention, FusedSwiGLU, W8A8Linear
+from leapvox.engine.nets.transformer import DecoderLayer
 
 
 class FusedLayer:
@@ -54,16 +51,57 @@ class FusedLayer:
                        self.qk_eps, self.rot_block)
 
 
-def _parts(layer: nn.Module) -> tuple | None:
+class FusedDecoderLayer(DecoderLayer):
+    """A DecoderLayer whose cached batch-1 calls on fp32 CPU rows (no autograd, a boolean [T, S] mask or none) are
+    one `qwen3_layer` call; every other call (batches, training, a float mask, inside `disabled()`) takes the
+    module path of the same weights. Built by `fuse_decoder_layers` once the model has its final dtype."""
+
+    def __init__(self, layer: DecoderLayer, op):
+        nn.Module.__init__(self)
+        self.input_layernorm, self.self_attn = layer.input_layernorm, layer.self_attn
+        self.post_attention_layernorm, self.mlp = layer.post_attention_layernorm, layer.mlp
+        self.kernel = FusedLayer(self, op)
+
+    def forward(self, x, cos, sin, cache=None, start=0, mask=None, span=None, dropout: float = 0.0):
+        if cache is not None and x.shape[0] == 1 and _ENABLED[0] and usable(x, mask):
+            end = start + x.shape[1] if span is None else span
+            return self.kernel(x[0], cache.k[0, :, None], cache.v[0, :, None], start, cos, sin, mask, end)[None]
+        return super().forward(x, cos, sin, cache, start, mask, span, dropout)
+
+
+def takes(layer: nn.Module) -> bool:
+    """Whether `qwen3_layer` takes this layer: fused q/k/v and gate/up, every product a W8A8Linear (or W4A8Linear)
+    on leapvox's kernel without a bias, fp32 norms, and shapes the kernel handles (`fits`)."""
     a, mlp = getattr(layer, "self_attn", None), getattr(layer, "mlp", None)
-    parts = (getattr(a, "qkv_proj", None), getattr(a, "o_proj", None), getattr(mlp, "gate_up_proj", None),
-             getattr(mlp, "down_proj", None))
+    if not (isinstance(a, FusedAttention) and isinstance(mlp, FusedSwiGLU)):
+        return False
+    parts = (a.qkv_proj, a.o_proj, mlp.gate_up_proj, mlp.down_proj)
     if not all(isinstance(m, W8A8Linear) and m.op is not None and not m.has_bias for m in parts):
-        return None
-    return parts
+        return False
+    return layer.input_layernorm.weight.dtype == torch.float32 and fits(layer)
 
 
-_FUSED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+def fuse_decoder_layers(tts) -> int:
+    """Swap every decoder layer of the talker and the code predictor that the kernel takes (`takes`) for a
+    FusedDecoderLayer; call it once the model has its final dtype. Returns how many were swapped (0 where the
+    kernel is not built here)."""
+    talker = tts.talker
+    return fuse_stack_layers(talker.model.layers) + fuse_stack_layers(talker.code_predictor.model.layers)
+
+
+def fuse_stack_layers(layers: nn.ModuleList) -> int:
+    """fuse_decoder_layers over one stack's layers."""
+    op = kernels.layer_op()
+    if op is None:
+        return 0
+    n = 0
+    for i, layer in enumerate(layers):
+        if not isinstance(layer, FusedDecoderLayer) and takes(layer):
+            layers[i] = FusedDecoderLayer(layer, op)
+            n += 1
+    return n
+
+
 ENV_SWITCH = "LEAPVOX_FUSED"  # "0": every layer takes the module path (A/B benchmarks)
 _ENABLED = [os.environ.get(ENV_SWITCH, "1") != "0"]
 
@@ -75,33 +113,14 @@ def enabled() -> bool:
 
 @contextlib.contextmanager
 def disabled() -> Iterator[None]:
-    """Inside this block every layer takes the module path (A/B benchmarks and tests in one process; a
-    PredictorLoop built or looked up here has no fused layers)."""
+    """Inside this block every FusedDecoderLayer takes the module path (A/B tests in one process; a PredictorLoop
+    built or looked up here calls no fused layer)."""
     saved = _ENABLED[0]
     _ENABLED[0] = False
     try:
         yield
     finally:
         _ENABLED[0] = saved
-
-
-def fused_layer(layer: nn.Module) -> FusedLayer | None:
-    """The layer's FusedLayer (built on first use, rebuilt when its product modules are replaced), or None when
-    the layer is not entirely w8a8 on leapvox's kernel, its norms are not fp32, the kernel is not built here, or
-    inside `disabled()`."""
-    if not _ENABLED[0]:
-        return None
-    cached = _FUSED.get(layer)
-    parts = _parts(layer)
-    sig = None if parts is None else tuple(id(m.wpack) for m in parts)
-    if cached is not None and cached[0] == sig:
-        return cached[1]
-    fused = None
-    if parts is not None and layer.input_layernorm.weight.dtype == torch.float32 and fits(layer):
-        op = kernels.layer_op()
-        fused = None if op is None else FusedLayer(layer, op)
-    _FUSED[layer] = (sig, fused)
-    return fused
 
 
 def fits(layer: nn.Module) -> bool:

@@ -1,30 +1,21 @@
 """The code predictor's codes 1..15 of a frame (ar), and its 15-code loop for batch 1 without generic machinery.
 
 `PredictorLoop` computes exactly what `predict_codes_reference` (the loop over `CodePredictor.forward`) computes,
-bit for bit in every weight format, with the same random draws in the same order; only the overhead goes:
+bit for bit in every weight format, with the same random draws in the same order. It is a specialisation of
+`transformer.DecoderLayer`, kept because it is faster (no module calls, and fp32 single-row products on both
+threads; `tests/benchmarks/bench.py` times both loops): it reads the layers' own weight tensors (no copy), and
+norms, rotates and attends with the layer's own helpers (`layers.rms_norm`, `layers.apply_rope`,
+`transformer.attend`); a layer swapped for a `fused.FusedDecoderLayer` runs as that layer's one compiled call.
 
-  - no module calls: the weights are read once into plain tensors and small product functions;
-  - its own K/V buffers, allocated once, in a layout that already repeats each KV head for its query heads
-    (no `repeat_interleave` per call); RoPE tables and the prefill mask are built once;
-  - q and k are normed and rotated together (one fused RMSNorm over the query and key heads, RoPE as two
-    multiplies with a half-swapped copy);
-  - both cores on fp32 matrix-vector products: PyTorch's fp32 product over one row runs on one thread (MKL; seen
-    in per-thread CPU time), so each single-row fp32 product on the CPU is one batched product over the two
-    halves of the weight's rows (torch.bmm hands one half to each thread; the result is bit-identical). bf16
-    (oneDNN) and int8 (`_weight_int8pack_mm`) products use both threads already.
-
-Why a specialisation of transformer.DecoderLayer and not the module: speed. On the random-weight 0.6B predictor
-(2 threads) the 15-code loop takes 188.6 ms per frame in fp32 against 325.8 ms through the modules (int8: 95.1 vs
-109.6; tests/benchmarks/bench-0.6b-2t.txt). It reads the modules' own weight tensors (no copy), takes its RoPE
-tables from layers.py and attends with the same F.scaled_dot_product_attention; `predict_codes_reference` is the
-module path it is tested against.
+  - its own K/V buffers (the `KVCache` layout), RoPE tables and prefill mask, allocated once;
+  - q and k are normed and rotated together (one RMSNorm over the query and key heads, one RoPE);
+  - both cores on fp32 matrix-vector products: PyTorch's fp32 product over one row runs on one thread (MKL), so
+    each single-row fp32 product on the CPU is one batched product over the two halves of the weight's rows
+    (torch.bmm hands one half to each thread; the result is bit-identical).
 
 spec mode's verify calls run here too (`rows`: the root and draft-tree rows under a tree mask at depth positions,
 in slots after the committed prefix; `commit`: the accepted rows moved into place); their fp32 products over
 several rows take the same two-half split, equal to the module path's up to rounding (SPLIT_ROWS_MAX).
-
-Measured on the 2-core box (contended): the developer benchmark (`python -m tests.benchmarks.bench`) reports
-the predictor call as a multiple of its memory-bandwidth floor for this loop and for the reference loop.
 """
 
 from __future__ import annotations
@@ -36,12 +27,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from . import fused as fusion
-from .code_predictor import CodePredictor
-from .layers import rope_cos_sin, rope_inv_freq
-from .quant import ACT_DTYPE, DEQUANT_ROWS, Int8Linear, W8A8Linear
-from .sampling import SamplingParams, pick
-from .transformer import causal_mask
+from leapvox.engine.fast import fused as fusion
+from leapvox.engine.fast.quant import ACT_DTYPE, DEQUANT_ROWS, FusedAttention, FusedSwiGLU, Int8Linear, W8A8Linear
+from leapvox.engine.nets.code_predictor import CodePredictor
+from leapvox.engine.nets.layers import apply_rope, rms_norm, rope_cos_sin, rope_inv_freq
+from leapvox.engine.nets.transformer import attend, causal_mask
+from leapvox.engine.sampling import SamplingParams, pick
 
 Product = Callable[[torch.Tensor], torch.Tensor]
 
@@ -68,8 +59,8 @@ def predict_codes_reference(
 
 
 # spec's verify calls feed 2..65 rows (root + draft tree); PyTorch's fp32 product over that few rows runs far from
-# the bandwidth floor on the CPU (3072 x 1024 weight, 2 threads: 0.24 ms for 1 row, 1.04 ms for 5, 1.79 ms for
-# 17); the two-half bmm takes 0.76 / 1.20 ms. Not bit-identical to F.linear at T > 1, so only verify calls use it.
+# the bandwidth floor on the CPU and the two-half bmm is faster there. Not bit-identical to F.linear at T > 1, so
+# only verify calls use it.
 SPLIT_ROWS_MAX = 128
 
 
@@ -114,14 +105,6 @@ def product(linear: nn.Module, split: bool, rows: bool = False) -> Product:
     return fp32
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """layers.RMSNorm as one fused kernel (normalise in fp32, cast back, scale); the same bits."""
-    if not hasattr(F, "rms_norm"):  # torch < 2.4: the composite of layers.RMSNorm
-        h = x.float()
-        return weight * (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
-    return weight * F.rms_norm(x.float(), (x.shape[-1],), eps=eps).to(x.dtype)
-
-
 class _Layer:
     """One decoder layer's weights as plain tensors and product functions."""
 
@@ -138,12 +121,12 @@ class _Layer:
         self.gate, self.up, self.down = (
             product(m, split, rows) for m in (mlp.gate_proj, mlp.up_proj, mlp.down_proj)
         )
-        # w8a8 fuses q/k/v and gate/up into one product each (engine.quant.fuse_projections): [q | k | v], [gate | up]
-        fused_qkv, fused_mlp = getattr(a, "qkv_proj", None), getattr(mlp, "gate_up_proj", None)
-        self.qkv = product(fused_qkv, split, rows) if fused_qkv is not None else None
-        self.gate_up = product(fused_mlp, split, rows) if fused_mlp is not None else None
+        # w8a8 fuses q/k/v and gate/up into one product each (engine.fast.quant.fuse_layers): [q | k | v], [gate | up]
+        self.qkv = product(a.qkv_proj, split, rows) if isinstance(a, FusedAttention) else None
+        self.gate_up = product(mlp.gate_up_proj, split, rows) if isinstance(mlp, FusedSwiGLU) else None
         self.hidden = mlp.down_proj.in_features
-        self.fused = fusion.fused_layer(layer)  # the whole layer in one compiled call (w8a8 on leapvox's kernel)
+        # the whole layer in one compiled call (engine.fast.fused), unless inside fused.disabled()
+        self.fused = layer.kernel if isinstance(layer, fusion.FusedDecoderLayer) and fusion.enabled() else None
 
 
 class PredictorLoop:
@@ -175,14 +158,9 @@ class PredictorLoop:
             return
         self.positions = slots
         cos, sin = rope_cos_sin(rope_inv_freq(self.d, self.rope_theta), torch.arange(slots), self.dtype)
-        half = self.d // 2
-        self.rope_cos, self.rope_sin = cos.to(self.device), sin.to(self.device)  # [P, D], for fused layers
-        self.cos = self.rope_cos[:, None]  # [P, 1, D]
-        # rotate_half(x) * sin == swap_halves(x) * (sin with its first half negated), exactly
-        self.sin = torch.cat([-sin[:, :half], sin[:, half:]], dim=-1).to(self.device)[:, None]
-        rep = self.nh // self.nkv
-        # K/V per layer [nkv, rep, P, D]: viewed as [1, nh, P, D] it is the GQA-repeated cache attention reads
-        shape = (self.nkv, rep, slots, self.d)
+        self.rope_cos, self.rope_sin = cos.to(self.device), sin.to(self.device)  # [P, D]
+        # K/V per layer [nkv, 1, P, D]: a KVCache's layout ([1, nkv, P, D]), as the fused layer takes it
+        shape = (self.nkv, 1, slots, self.d)
         self.keys = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in self.layers]
         self.values = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in self.layers]
 
@@ -199,20 +177,14 @@ class PredictorLoop:
         else:
             qk, v = torch.cat([L.q(h).view(t, nh, d), L.k(h).view(t, nkv, d)], dim=1), L.v(h)  # [T, nh + nkv, D]
         qk = rms_norm(qk, L.qk_norm, L.qk_eps)
-        swapped = qk.view(t, nh + nkv, 2, d // 2).flip(2).view(t, nh + nkv, d)
-        if positions is None:
-            qk = qk * self.cos[start:end] + swapped * self.sin[start:end]
-        else:
-            qk = qk * self.cos[positions] + swapped * self.sin[positions]
-        kc[:, :, start:end] = qk[:, nh:].transpose(0, 1)[:, None]  # [nkv, 1, T, D] -> every repeat
-        vc[:, :, start:end] = v.reshape(t, nkv, d).transpose(0, 1)[:, None]
+        rows = slice(start, end) if positions is None else positions
+        qk = apply_rope(qk, self.rope_cos[rows, None], self.rope_sin[rows, None])  # [T, nh + nkv, D]
+        kc[:, 0, start:end] = qk[:, nh:].transpose(0, 1)  # [nkv, T, D]
+        vc[:, 0, start:end] = v.reshape(t, nkv, d).transpose(0, 1)
         q = qk[:, :nh].transpose(0, 1)[None]  # [1, nh, T, D]
-        keys = kc.view(1, nh, self.positions, d)[:, :, :end]
-        values = vc.view(1, nh, self.positions, d)[:, :, :end]
         if mask is None:
             mask = self.prefill_mask if t == 2 and start == 0 else causal_mask(start, t, x.device)
-        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask)  # [1, nh, T, D]
-        return out[0].transpose(0, 1).reshape(t, nh * d)
+        return attend(q, kc[:, 0, :end][None], vc[:, 0, :end][None], mask)[0]  # [T, nh * D]
 
     def hidden(self, x: torch.Tensor, start: int) -> torch.Tensor:
         """Rows x [T, Hc] at positions start..start+T-1 -> the last row's final-normed hidden [1, Hc]."""
@@ -240,7 +212,7 @@ class PredictorLoop:
     def _stack(self, x, start, mask=None, positions=None, layers=None):
         t = x.shape[0]
         for L, kc, vc in zip(layers or self.layers, self.keys, self.values, strict=True):
-            if L.fused is not None and fusion.usable(x, mask):
+            if L.fused is not None and fusion.usable(x, mask):  # the FusedDecoderLayer's own call
                 rows = slice(start, start + t) if positions is None else positions
                 x = L.fused(x, kc, vc, start, self.rope_cos[rows], self.rope_sin[rows], mask, start + t)
                 continue
@@ -280,11 +252,12 @@ class PredictorLoop:
 
 
 def _signature(cp: CodePredictor) -> tuple:
-    """What a built loop depends on: the thread setting, whether fused layers are on, and the identity and storage
-    of every weight."""
+    """What a built loop depends on: the thread setting, whether fused layers are on, the layer modules (a layer
+    swapped for a fused one), and the identity and storage of every weight."""
     weights = [*cp.parameters()] + [b for m in cp.modules() if isinstance(m, Int8Linear) for b in (m.codes, m.scales)]
     packed = [id(m.packed if m.op is None else m.wpack) for m in cp.modules() if isinstance(m, W8A8Linear)]
-    return (torch.get_num_threads(), fusion.enabled(), *((id(w), w.data_ptr()) for w in weights), *packed)
+    layers = [id(m) for m in cp.model.layers]
+    return (torch.get_num_threads(), fusion.enabled(), *layers, *((id(w), w.data_ptr()) for w in weights), *packed)
 
 
 _LOOPS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()

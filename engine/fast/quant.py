@@ -1,39 +1,16 @@
-"""Low-bit weights for the CPU: the talker's and predictor's linears as `int8` (W8A16, below), `w8a8` (the same
-8-bit weights with 8-bit dynamic activations through leapvox's compiled kernel or else torch's quantized-linear
-kernels: W8A8Linear, fused q/k/v and gate/up, a Hadamard-rotated down-projection input), `w4a8` (4-bit weights in
-groups of 64 with 8-bit activations, leapvox's kernel only: W4A8Linear) or `int4` (Int4Linear, torch's kernel);
-`auto` resolves to w8a8 where it runs.
-Routes and fidelity measured: tests/benchmarks/README.md and engine/README.md.
+"""Low-bit weights for the CPU, applied to a loaded model from outside by swapping modules: the talker's and
+predictor's linears become `Int8Linear` (`int8`: W8A16), `W8A8Linear` (`w8a8`: 8-bit dynamic activations through
+leapvox's compiled kernel or else torch's quantized-linear kernels, a Hadamard-rotated down-projection input),
+`W4A8Linear` (`w4a8`: 4-bit weights in groups of 64, leapvox's kernel only) or `Int4Linear` (`int4`, torch's
+kernel); in w8a8 / w4a8 each layer's attention and MLP become `FusedAttention` / `FusedSwiGLU` (one product for
+q/k/v, one for gate/up). `auto` resolves to w8a8 where it runs. The networks never see any of this.
 
 `int8` stores each linear weight W [N, K] as int8 codes q [N, K] and one scale per output row s [N], with
-W ~ s * q (symmetric, |q| <= 127). Activations stay 16-bit (bf16) in the matrix product and everything else
-(norms, attention, KV cache, embeddings, codebooks, the codec, the code-0 head) keeps the model's dtype: the CPU
-analogue of W8A16.
-
-Kernel (measured on a 2-core AVX-512 EPYC, torch 2.13, one 0.6B predictor layer's seven linears):
-
-    rows M        1     5     9    17    33    65
-    fp32 ms     3.9  11.2  19.1  21.7  36.5  76.7
-    bf16 ms     2.1   2.7   9.6  11.1  12.6  23.9
-    int8 ms     1.1   2.6   8.4  13.7  22.0  64.5   aten._weight_int8pack_mm, bf16 activations
-    deq  ms     8.0   9.1  13.3  12.6  14.7  35.4   dequantize to bf16, then bf16 matmul
-
-(`torch.ao` dynamic quantization was as fast at M=1 and faster at large M, but it also quantizes the activations
-to 8 bits per tensor; with fp32 activations the int8pack kernel is 10-20x slower than with bf16.) So products
-over up to DEQUANT_ROWS rows use the int8pack kernel and bigger ones (spec verify calls over large trees,
-prefill) dequantize on the fly.
-
-Shapes the kernel gets wrong (measured, torch 2.13 CPU, each shape in its own forked process, bf16 x [M, K], int8
-w [N, K], bf16 scales [N]; M in 1,2,3,4,5,7,8,16,17, K in 4,8,12,16,17,20,24,32,33,40,48,56,64,72,80,96,100,112,
-128,144,160,1024,1032,2048, N in 1,3,8,13,16,...,128,1024):
-
-    K % 16 == 0 (16, 32, 48, 64, 80, 96, 112, 128, 144, 160, 1024, 2048)   correct for every M and N tried
-    K % 16 != 0, M >= 2  (e.g. x [2, 56], w [32, 56])                       SIGSEGV for almost every M and N
-    K % 16 != 0, M == 1  (K = 8, 20, 40, 56, 72, 1032)                      wrong results (or SIGSEGV at N = 3)
-
-The output width N does not matter once K is a multiple of 16. Rule: the kernel is used only when the layer's
-in_features K is a multiple of INT8PACK_K_MULTIPLE (decided once, when the layer is built: `kernel_ok`); other
-layers always take the dequantize path. The checkpoints' widths (1024, 2048, 3072, ...) all take the kernel.
+W ~ s * q (symmetric, |q| <= 127). Activations stay bf16 in the product (the int8pack kernel is many times slower
+with fp32 activations) and everything else keeps the model's dtype. Products over up to DEQUANT_ROWS rows use
+`aten._weight_int8pack_mm`, bigger ones dequantize on the fly (faster there; `tests/benchmarks/kernels.py`).
+The int8pack kernel crashes or miscomputes unless in_features is a multiple of 16 (torch 2.13, CPU), so other
+layers always dequantize (`kernel_ok`); the checkpoints' widths (1024, 2048, 3072, ...) all take the kernel.
 """
 
 from __future__ import annotations
@@ -48,29 +25,31 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from . import kernels
-from .errors import FormatUnavailableError
-from .memory import return_freed_memory
+from leapvox.engine.errors import FormatUnavailableError
+from leapvox.engine.fast import kernels
+from leapvox.engine.memory import return_freed_memory
+from leapvox.engine.nets.layers import SwiGLU
+from leapvox.engine.nets.transformer import Attention
+from leapvox.engine.options import WEIGHT_FORMATS  # the one weight-format table, torch-free there
 
-WEIGHT_FORMATS = ("fp32", "bf16", "int8", "w8a8", "w4a8", "int4")
 QUANT_FORMATS = ("int8", "w8a8", "w4a8", "int4")  # the formats quantize_model converts (fp32 / bf16 are load dtypes)
 INT4_GROUP = 64  # int4: one scale and zero per this many input features of an output feature
 # w8a8 rotates the inputs of these layers before their 8-bit rounding: the MLP down-projection's input,
-# silu(gate) * up, is heavy-tailed, and one 8-bit scale per row costs it most of the fidelity (tests/benchmarks/
-# README.md, "w8a8"). The rotation is a Hadamard matrix per block of ROTATION_BLOCK features (or of the largest power
-# of two >= MIN_ROTATION_BLOCK dividing the layer's width); a narrower or odd width keeps 16-bit activations.
+# silu(gate) * up, is heavy-tailed, and one 8-bit scale per row costs it most of the fidelity. The rotation is a
+# Hadamard matrix per block of ROTATION_BLOCK features (or of the largest power of two >= MIN_ROTATION_BLOCK
+# dividing the layer's width); a narrower or odd width keeps 16-bit activations.
 ROTATED_LAYERS = ("down_proj",)
 # w4a8 puts these (a decoder layer's products) in 4 bits; the predictor's LM heads and input projection keep w8a8:
 # a frame reads one 2 MB head per code against 79 MB of layers, and the heads pick the codes directly
 W4_LAYERS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 ROTATION_BLOCK, MIN_ROTATION_BLOCK = 256, 16
-DEQUANT_ROWS = 16  # above this many rows, dequantize-then-matmul beats the int8pack kernel (table above)
+DEQUANT_ROWS = 16  # above this many rows, dequantize-then-matmul beats the int8pack kernel
 ACT_DTYPE = torch.bfloat16  # the kernel's activation dtype (it is slow with fp32 activations)
-INT8PACK_K_MULTIPLE = 16  # the kernel crashes or miscomputes unless in_features is a multiple of this (see above)
+INT8PACK_K_MULTIPLE = 16  # the kernel crashes or miscomputes unless in_features is a multiple of this
 
 
 def kernel_ok(in_features: int) -> bool:
-    """Whether `aten._weight_int8pack_mm` handles weights of this many input features (measured rule above)."""
+    """Whether `aten._weight_int8pack_mm` handles weights of this many input features (see the module docstring)."""
     return in_features % INT8PACK_K_MULTIPLE == 0
 
 
@@ -130,7 +109,7 @@ class Int8Linear(nn.Module):
 
 class W8A8Linear(nn.Module):
     """A linear layer over int8 weights (per-output-channel scales) whose activations are quantized to 8 bits on
-    each call and multiplied in integers: by leapvox's own AVX-512 VNNI kernel where it is built (engine.kernels:
+    each call and multiplied in integers: by leapvox's own AVX-512 VNNI kernel where it is built (engine.fast.kernels:
     activations quantized per row) or else by torch's prebuilt quantized-linear kernels
     (FBGEMM on x86-64: AVX-512 VNNI / AVX2; QNNPACK on arm64: activations quantized per tensor, one scale and zero
     point for the whole input; the same as per row at batch 1).
@@ -216,7 +195,7 @@ class W8A8Linear(nn.Module):
 class W4A8Linear(W8A8Linear):
     """A linear layer over 4-bit weights in groups of GROUP4 = 64 input features (asymmetric: an fp16 scale and min per
     group and output feature, W ~ code * scale + min with code in 0..15) whose activations are quantized to 8 bits per
-    row and group of 64 on each call and multiplied in integers by leapvox's AVX-512 VNNI kernel (engine.kernels,
+    row and group of 64 on each call and multiplied in integers by leapvox's AVX-512 VNNI kernel (engine.fast.kernels,
     `w4a8_linear`; there is no torch fallback: the format is offered only where the kernel is built). Half the bytes of
     w8a8 per weight plus 1/16 for the scales; like w8a8, the down projection's input is Hadamard-rotated
     (`from_linear(rotate=...)`). It subclasses W8A8Linear for the rotation, forward and fusion code; `wpack`,
@@ -345,7 +324,7 @@ class Int4Linear(nn.Module):
 
 class FusedPart(nn.Module):
     """One projection of a fused W8A8 product (output features start..end of `fused`), kept under its own name for
-    code that calls or reads that projection alone; the model's forward passes call the fused layer once instead."""
+    code that calls or reads that projection alone; the fused modules' forward passes call the fused product once."""
 
     def __init__(self, fused: W8A8Linear, start: int, end: int):
         super().__init__()
@@ -373,33 +352,66 @@ def _fused(parts: list[W8A8Linear]) -> W8A8Linear:
     return fused
 
 
+def _parts_views(parts: list[W8A8Linear]) -> tuple[W8A8Linear, list[FusedPart]]:
+    """The fused product of `parts` and a FusedPart view per part, in order."""
+    fused, views, start = _fused(parts), [], 0
+    for part in parts:
+        views.append(FusedPart(fused, start, start + part.out_features))
+        start += part.out_features
+    return fused, views
+
+
+class FusedAttention(Attention):
+    """`Attention` whose q, k, v projections are one product, `qkv_proj` ([q | k | v] rows); `q_proj`, `k_proj`,
+    `v_proj` stay as FusedPart views of it. Swapped in for an Attention by `fuse_layers`."""
+
+    def __init__(self, attn: Attention):
+        nn.Module.__init__(self)
+        self.n_heads, self.n_kv, self.head_dim = attn.n_heads, attn.n_kv, attn.head_dim
+        self.qkv_proj, (self.q_proj, self.k_proj, self.v_proj) = _parts_views([attn.q_proj, attn.k_proj, attn.v_proj])
+        self.o_proj, self.q_norm, self.k_norm = attn.o_proj, attn.q_norm, attn.k_norm
+
+    def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        return self.qkv_proj(x).split(self.qkv_proj.split_sizes, dim=-1)
+
+
+class FusedSwiGLU(SwiGLU):
+    """`SwiGLU` whose gate and up projections are one product, `gate_up_proj` ([gate | up] rows); `gate_proj` and
+    `up_proj` stay as FusedPart views of it. Swapped in for a SwiGLU by `fuse_layers`."""
+
+    def __init__(self, mlp: SwiGLU):
+        nn.Module.__init__(self)
+        self.gate_up_proj, (self.gate_proj, self.up_proj) = _parts_views([mlp.gate_proj, mlp.up_proj])
+        self.down_proj = mlp.down_proj
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up_proj(x).split(self.gate_up_proj.split_sizes, dim=-1)
+        return self.down_proj(F.silu(gate) * up)
+
+
 def fuse_projections(tts) -> int:
-    """Fuse each decoder layer's w8a8 q/k/v projections into one product (`self_attn.qkv_proj`) and its gate/up
-    projections into another (`mlp.gate_up_proj`): one activation quantization and one kernel call instead of three
-    and two, with the same results bit for bit (the activations' 8-bit parameters come from the same input; the
-    products are exact integer sums per output feature). The old names become FusedPart views. Returns how many
-    layers were fused."""
+    """Fuse each decoder layer's w8a8 q/k/v projections into one product and its gate/up projections into another
+    (`fuse_layers`) in the talker and the code predictor: one activation quantization and one kernel call instead
+    of three and two, with the same results bit for bit (the activations' 8-bit parameters come from the same
+    input; the products are exact integer sums per output feature). Returns how many modules were fused."""
     talker = tts.talker
     return fuse_layers([*talker.model.layers, *talker.code_predictor.model.layers])
 
 
 def fuse_layers(layers) -> int:
-    """fuse_projections over these decoder layers."""
+    """Swap each layer's `self_attn` for a FusedAttention and its `mlp` for a FusedSwiGLU where their projections
+    are all plain w8a8 or all w4a8 (no rotation, no bias). Returns how many modules were swapped."""
     n = 0
     for layer in layers:
-        for parent, names, fused_name in ((layer.self_attn, ("q_proj", "k_proj", "v_proj"), "qkv_proj"),
-                                          (layer.mlp, ("gate_proj", "up_proj"), "gate_up_proj")):
-            parts = [getattr(parent, name) for name in names]
+        for name, names, cls in (("self_attn", ("q_proj", "k_proj", "v_proj"), FusedAttention),
+                                 ("mlp", ("gate_proj", "up_proj"), FusedSwiGLU)):
+            module = getattr(layer, name)
+            parts = [getattr(module, p) for p in names]
             plain = all(isinstance(p, W8A8Linear) and p.rotation is None and not p.has_bias for p in parts)
-            if not plain or len({type(p) for p in parts}) != 1:  # fused only when all w8a8 or all w4a8
-                continue
-            fused = _fused(parts)
-            setattr(parent, fused_name, fused)
-            start = 0
-            for name, part in zip(names, parts, strict=True):
-                setattr(parent, name, FusedPart(fused, start, start + part.out_features))
-                start += part.out_features
-            del parts, fused
+            if isinstance(module, cls) or not plain or len({type(p) for p in parts}) != 1:
+                continue  # fused only when all w8a8 or all w4a8
+            setattr(layer, name, cls(module))
+            del parts, module
             return_freed_memory()  # the separate layers' weights (glibc would keep their pages)
             n += 1
     return n
@@ -428,8 +440,8 @@ def _prepack(codes: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | Non
 
 
 def resolve_weights(weights: str) -> str:
-    """A weight format by name; `auto` is w8a8 where torch's quantized kernels run here, else int8 (both measured
-    in tests/benchmarks/README.md: w8a8 is the faster on the CPUs measured, int8 the more faithful)."""
+    """A weight format by name; `auto` is w8a8 where torch's quantized kernels run here (the faster), else int8 (the
+    more faithful)."""
     if weights == "auto":
         return "int8" if w8a8_unavailable_reason() else "w8a8"
     return weights
@@ -460,7 +472,7 @@ _W8A8_REASON: str | None = None
 def lowers_codec(weights: str) -> bool:
     """Whether a model loaded in `weights` runs its codec's convolutions in bf16 (CodecDecoder.lower_precision): w4a8,
     the speed-first format, does so on CPUs that multiply bf16 in hardware; every other format keeps the codec in
-    its load dtype. Fidelity of both measured in tests/benchmarks/README.md."""
+    its load dtype."""
     return weights == "w4a8" and kernels.bf16_products()
 
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .config import CodePredictorConfig
-from .transformer import DecoderStack
+from leapvox.engine.config import CodePredictorConfig
+from leapvox.engine.nets.transformer import DecoderStack
 
 
 class CodePredictorModel(DecoderStack):

@@ -7,11 +7,13 @@ are [B, 1, 1920*T] in [-1, 1]. Parameter names equal the official `decoder.*` ch
 Streaming: every module with memory takes an optional `cache` dict (module -> carried tensors). With
 `cache=None` a call decodes from scratch (zero left context, positions from 0), exactly like the official
 forward; with a dict the call continues where the previous call on that dict stopped. `CodecStream` owns one.
+
+Products: the modules compute through a `CodecOps` (plain torch, chunking-safe); whoever loads the decoder may hand it
+faster ops with the same contract (`CodecDecoder(cfg, ops)`, `use_ops`; the loader's are engine/fast/codec_ops.py).
 """
 
 from __future__ import annotations
 
-import functools
 import math
 from dataclasses import dataclass, fields
 
@@ -19,8 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from . import kernels
-from .layers import RMSNorm, SwiGLU, apply_rope, rope_cos_sin, rope_inv_freq
+from leapvox.engine.nets.layers import RMSNorm, SwiGLU, apply_rope, rope_cos_sin, rope_inv_freq
 
 Cache = dict  # module -> carried state; see the module docstring
 
@@ -103,56 +104,90 @@ def _rowwise(fn, x: torch.Tensor, min_rows: int = 16) -> torch.Tensor:
     return fn(F.pad(x, (0, 0, 0, -(-min_rows // B) - n)))[:, :n]
 
 
-def _linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """x [B, n, K] times weight [N, K] (+ bias) -> [B, n, N], each value rounded the same whatever n: leapvox's
-    compiled kernel (a fixed summation order per value; at 1-16 rows 3-13x faster than BLAS here) where it runs,
-    else BLAS on at least 16 rows (_rowwise)."""
-    op = kernels.linear_op() if kernels.takes(x) and weight.dtype == torch.float32 and weight.stride(-1) == 1 else None
-    if op is None:
+class CodecOps:
+    """The decoder's products in plain torch. Each gives a sample the same bits however the frames are chunked, so a
+    stream equals one-shot decoding; faster ops (engine/fast/codec_ops.py) keep that contract and fall back to these."""
+
+    def linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        """x [B, n, K] times weight [N, K] (+ bias) -> [B, n, N]: BLAS on at least 16 rows (_rowwise)."""
         return _rowwise(lambda t: F.linear(t, weight, bias), x)
-    return op(x.reshape(-1, x.shape[-1]), weight, bias).view(*x.shape[:-1], weight.shape[0])
 
-
-def _swiglu(mlp: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    """The pre-transformer's SwiGLU MLP through _linear (its three products rounded alike for any number of rows)."""
-    if kernels.linear_op() is None or not kernels.takes(x) or mlp.gate_proj.weight.dtype != torch.float32:
+    def swiglu(self, mlp: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        """The pre-transformer's SwiGLU MLP on x [B, n, C]."""
         return _rowwise(mlp, x)
-    gate, up = _linear(x, mlp.gate_proj.weight), _linear(x, mlp.up_proj.weight)
-    return _linear(F.silu(gate) * up, mlp.down_proj.weight)
+
+    def pointwise(self, h: torch.Tensor, pw1: nn.Linear, pw2: nn.Linear) -> torch.Tensor:
+        """ConvNeXt's Linear -> GELU (erf) -> Linear on h [B, L, C], in the weights' dtype, back in h's. Both
+        products on the same padded rows (padding each on its own changed the rounding by 3e-6)."""
+        return _rowwise(lambda t: pw2(F.gelu(pw1(t))), h.to(pw1.weight.dtype)).to(h.dtype)
+
+    def conv(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, dilation: int) -> torch.Tensor:
+        """A dense conv [C_out, C_in, k] over x [B, C_in, pad + L] already left-padded -> [B, C_out, L]: im2col + one
+        product per block of steps (length-independent rounding)."""
+        pad = (weight.shape[-1] - 1) * dilation
+        w, L, out = weight.flatten(1), x.shape[-1] - pad, []  # w: [C_out, C_in*k]
+        for s in range(0, L, 4096):  # blocks bound the im2col copy
+            win = x[..., s : min(s + 4096, L) + pad].unfold(-1, pad + 1, 1)[..., ::dilation]
+            out.append(self.linear(win.permute(0, 2, 1, 3).flatten(2), w))  # [B, l, C_out]
+        return (torch.cat(out, dim=1) + bias).transpose(1, 2)  # [B, C_out, L]
+
+    def snake(self, x: torch.Tensor, alpha: torch.Tensor, inv_beta: torch.Tensor) -> torch.Tensor:
+        """x + sin^2(x * alpha) * inv_beta with x [B, C, L], alpha and inv_beta [1, C, 1]."""
+        s = torch.sin(x * alpha)
+        if torch.jit.is_tracing():  # an exported graph (Core ML) keeps to plain ops; some converters lack addcmul
+            return x + inv_beta * (s * s)
+        return torch.addcmul(x, s.mul_(s), inv_beta)  # three passes over x instead of five
+
+    def overlap_add(self, cols: torch.Tensor, prev: torch.Tensor, bias: torch.Tensor, stride: int) -> torch.Tensor:
+        """A transposed conv's overlap-add: cols [B, L, C, k] (frame t's contribution to samples t*s .. t*s+k-1),
+        prev [B, C, k - s] (the spill of the frame before the first) -> [B, C, L*s] + bias."""
+        B, L, C, k = cols.shape
+        y = cols[..., :stride]
+        if k > stride:
+            spill = torch.cat([prev[:, None], cols[:, : L - 1, :, stride:]], dim=1)  # frame t-1's, at t
+            y = torch.cat([y[..., : k - stride] + spill, y[..., k - stride :]], dim=-1)
+        return y.permute(0, 2, 1, 3).reshape(B, -1, L * stride) + bias[:, None]
+
+    def window_attention(self, q: torch.Tensor, kv: torch.Tensor, mask: torch.Tensor, scale: float) -> torch.Tensor:
+        """q [B, H, n, D], kv [2, B, H, W-1+n, D], mask [n, W] -> [B, H, n, D]: query i against keys i .. i+W-1."""
+        span = 127 + mask.shape[1]  # blocks of 128 queries bound the size of the window copies
+        blocks = range(0, q.shape[2], 128)
+        return torch.cat([_attend(q[:, :, s : s + 128], kv[..., s : s + span, :], mask[s : s + 128], scale)
+                          for s in blocks], dim=2)  # [B, H, n, D]
 
 
-def _onednn(x: torch.Tensor) -> bool:
-    """Whether oneDNN's convolution can take x (a CPU torch build with oneDNN, fp32, or bf16 where the CPU has
-    oneDNN's bf16 path: AVX-512 BW/VL/DQ or AVX-NE-CONVERT; elsewhere torch's own bf16 convolution runs)."""
-    if x.device.type != "cpu" or not torch.backends.mkldnn.is_available():
-        return False
-    return x.dtype == torch.float32 or x.dtype == torch.bfloat16 and _onednn_bf16()
+def _attend(q: torch.Tensor, kv: torch.Tensor, mask: torch.Tensor, scale: float) -> torch.Tensor:
+    # Broadcast products and sums, not matmul: BLAS rounds a single-query block differently.
+    k, v = kv.unfold(3, mask.shape[1], 1).transpose(-1, -2)  # each [B, H, n, W, D]: query i's keys
+    scores = (q.unsqueeze(-2) * k).sum(-1) * scale  # [B, H, n, W]
+    probs = scores.float().masked_fill(~mask, float("-inf")).softmax(-1).to(q.dtype)
+    return (probs.unsqueeze(-1) * v).sum(-2)  # [B, H, n, D]
 
 
-@functools.cache
-def _onednn_bf16() -> bool:
-    return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+class _Computes(nn.Module):
+    """A module whose products run through `ops` (plain torch unless `use_ops` hands it others)."""
+
+    ops: CodecOps = CodecOps()
 
 
-# Dense convs with at least this many (in x out) channel pairs take im2col + one matmul instead of oneDNN: oneDNN
-# reorders a conv's weights on every call, which for the first decoder conv (1024 -> 1536, k 7, 44 MB) measured
-# ~27 ms a call at 1-16 frames against 8-11 ms for the matmul; the 768-channel convs and smaller are faster in
-# oneDNN from about 8 frames a call, so they stay (tests/benchmarks/README.md, "Fused layers and codec kernels").
-ONEDNN_MAX_WEIGHTS = 1 << 20
+def use_ops(module: nn.Module, ops: CodecOps) -> nn.Module:
+    """Hand `ops` to every part of `module` that computes with them; returns `module`."""
+    for m in module.modules():
+        if isinstance(m, _Computes):
+            m.ops = ops
+    return module
+
 
 # Input steps (4 per frame) the decoder's conv stack takes at a time (CodecDecoder.decode): a 16-frame push in two
-# slices holds half the 24 kHz activations (~12 MB a tensor at 16 frames); 40-frame decodes measured as fast as
-# unsliced (slices of 8 or 16 steps were 8-25 % slower).
+# slices holds half the 24 kHz activations (slices of 8 or 16 steps measured slower).
 DECODER_SLICE = 32
 
 
-class CausalConv1d(nn.Module):
+class CausalConv1d(_Computes):
     """Stride-1 conv, left-padded by (k-1)*dilation so the length is kept and no output sees the future.
-    Dense convs run through oneDNN's direct convolution (`torch.mkldnn_convolution`), whose rounding of an output
-    sample does not depend on the length of the call, so streamed output equals one-shot output bit for bit
-    (F.conv1d is not: it picks other kernels for short inputs, and oneDNN's 1x1 kernels split by length, so 1x1
-    convs are one matmul). Without oneDNN, and for the largest convs (ONEDNN_MAX_WEIGHTS): im2col + matmul, also
-    length-independent (2-3x slower than oneDNN on long inputs, faster on the codec's largest conv)."""
+    Every sample is rounded the same whatever the length of the call, so streamed output equals one-shot output bit
+    for bit (F.conv1d is not: it picks other kernels for short inputs): depthwise convs as torch computes them, 1x1
+    convs as one matmul, dense convs through `ops.conv`."""
 
     def __init__(self, c_in: int, c_out: int, kernel: int, dilation: int = 1, groups: int = 1):
         super().__init__()
@@ -173,17 +208,10 @@ class CausalConv1d(nn.Module):
             L = x.shape[-1]
             x = F.pad(x, (0, 16 - L)) if L < 16 else x  # BLAS rounds a handful of columns differently
             return torch.matmul(self.conv.weight[..., 0], x).add_(self.conv.bias[:, None])[..., :L]  # bias in place
-        if _onednn(x) and self.conv.in_channels * self.conv.out_channels < ONEDNN_MAX_WEIGHTS:
-            x = x.contiguous()  # one layout in, one out, whatever the caller's strides (bf16 kernels follow them)
-            return torch.mkldnn_convolution(x, self.conv.weight, self.conv.bias, [0], [1], [self.dilation], 1)
-        w, L, out = self.conv.weight.flatten(1), x.shape[-1] - self.pad, []  # w: [C_out, C_in*k]
-        for s in range(0, L, 4096):  # blocks bound the im2col copy
-            win = x[..., s : min(s + 4096, L) + self.pad].unfold(-1, self.pad + 1, 1)[..., :: self.dilation]
-            out.append(_linear(win.permute(0, 2, 1, 3).flatten(2), w))  # [B, l, C_out]
-        return (torch.cat(out, dim=1) + self.conv.bias).transpose(1, 2)  # [B, C_out, L]
+        return self.ops.conv(x, self.conv.weight, self.conv.bias, self.dilation)
 
 
-class CausalTransConv1d(nn.Module):
+class CausalTransConv1d(_Computes):
     """ConvTranspose1d(k, stride), k <= 2*stride, keeping the first stride*L samples. The k - stride samples that
     spill past the end are dropped in one-shot decoding (as the official code does) and carried when streaming.
     Computed as one matmul plus an explicit overlap-add, so the rounding does not depend on the chunking."""
@@ -205,22 +233,14 @@ class CausalTransConv1d(nn.Module):
         w = self.conv.weight  # [C_in, C_out, k]
         cols = _rowwise(lambda t: t @ w.flatten(1), x.transpose(1, 2).contiguous())  # [B, L, C_out*k]
         cols = cols.view(B, L, w.shape[1], -1)  # [B, L, C_out, k]: frame t's contribution to t*s .. t*s+k-1
-        op = kernels.overlap_add_op() if kernels.takes(cols) else None
-        if op is not None:
-            # leapvox's compiled kernel: the same additions in one pass (engine/kernels/codec.cpp)
-            prev = cache.get(self) if cache is not None else None  # [B, 1, C_out, overlap], as _with_context keeps
-            spill = cols.new_zeros(B, w.shape[1], self.overlap) if prev is None else prev[:, 0]
-            if cache is not None and self.overlap:
-                cache[self] = cols[:, -1:, :, self.stride :].clone()
-            return op(cols, spill, self.conv.bias, self.stride)
-        y = cols[..., : self.stride]
-        if self.overlap:
-            spill = _with_context(cols[..., self.stride :], cache, self, 1, dim=1)[:, :L]  # frame t-1's, at t
-            y = torch.cat([y[..., : self.overlap] + spill, y[..., self.overlap :]], dim=-1)
-        return y.permute(0, 2, 1, 3).reshape(B, -1, L * self.stride) + self.conv.bias[:, None]
+        prev = cache.get(self) if cache is not None else None  # the last frame's spill past its stride
+        prev = cols.new_zeros(B, w.shape[1], self.overlap) if prev is None else prev  # [B, C_out, overlap]
+        if cache is not None and self.overlap:
+            cache[self] = cols[:, -1, :, self.stride :].clone()
+        return self.ops.overlap_add(cols, prev, self.conv.bias, self.stride)
 
 
-class SnakeBeta(nn.Module):
+class SnakeBeta(_Computes):
     """x + sin^2(x * e^alpha) / e^beta, per channel; alpha and beta are stored in log space."""
 
     def __init__(self, dim: int):
@@ -230,17 +250,10 @@ class SnakeBeta(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [B, C, L]
         alpha = self.alpha.exp()[None, :, None]
-        inv_beta = 1.0 / (self.beta.exp()[None, :, None] + 1e-9)
-        op = kernels.snake_op() if kernels.takes(x) and alpha.dtype == torch.float32 else None
-        if op is not None:  # leapvox's compiled kernel: one pass instead of four (engine/kernels/codec.cpp)
-            return op(x, alpha.view(-1), inv_beta.view(-1))
-        s = torch.sin(x * alpha)
-        if torch.jit.is_tracing():  # an exported graph (Core ML) keeps to plain ops; some converters lack addcmul
-            return x + inv_beta * (s * s)
-        return torch.addcmul(x, s.mul_(s), inv_beta)  # three passes over x instead of five
+        return self.ops.snake(x, alpha, 1.0 / (self.beta.exp()[None, :, None] + 1e-9))
 
 
-class ConvNeXtBlock(nn.Module):
+class ConvNeXtBlock(_Computes):
     """Causal depthwise conv k=7 -> LayerNorm -> Linear 4x -> GELU (erf) -> Linear -> gamma, residual."""
 
     def __init__(self, dim: int):
@@ -253,12 +266,7 @@ class ConvNeXtBlock(nn.Module):
 
     def forward(self, x: torch.Tensor, cache: Cache | None = None) -> torch.Tensor:  # [B, C, L]
         h = self.norm(self.dwconv(x, cache).transpose(1, 2))  # [B, L, C]
-        dt = self.pwconv1.weight.dtype  # the input's, unless lowered (CodecDecoder.lower_precision)
-        if kernels.linear_op() is not None and kernels.takes(h) and dt == torch.float32:
-            h = F.gelu(_linear(h, self.pwconv1.weight, self.pwconv1.bias))
-            h = _linear(h, self.pwconv2.weight, self.pwconv2.bias)
-        else:  # BLAS: both products on the same padded rows (padding each on its own changed the rounding by 3e-6)
-            h = _rowwise(lambda t: self.pwconv2(F.gelu(self.pwconv1(t))), h.to(dt)).to(x.dtype)
+        h = self.ops.pointwise(h, self.pwconv1, self.pwconv2)  # in the weights' dtype (CodecDecoder.lower_precision)
         return x + (self.gamma * h).transpose(1, 2)
 
 
@@ -299,7 +307,7 @@ def _holder(**params: torch.Tensor) -> nn.Module:
     return m
 
 
-class ResidualVQ(nn.Module):
+class ResidualVQ(_Computes):
     """n EMA codebooks, looked up and added one after another, then a 1x1 conv up to the quantizer width.
     A stored codebook row is embedding_sum[i] / max(cluster_usage[i], 1e-5), divided in the parameter dtype."""
 
@@ -319,10 +327,10 @@ class ResidualVQ(nn.Module):
             book = layer._codebook  # dividing only the rows used gives the same bits as dividing the table
             row = F.embedding(codes[:, i], book.embedding_sum) / book.cluster_usage.clamp(min=1e-5)[codes[:, i], None]
             q = row if q is None else q + row  # [B, T, D]
-        return _linear(q, self.output_proj.weight[..., 0]).transpose(1, 2)  # 1x1 conv
+        return self.ops.linear(q, self.output_proj.weight[..., 0]).transpose(1, 2)  # 1x1 conv
 
 
-class Attention(nn.Module):
+class Attention(_Computes):
     """Causal sliding-window MHA with RoPE, no QK-norm. Every query is scored against exactly its own window of
     `sliding_window` keys (zero-padded and masked at the start), so the arithmetic per query is the same however
     the frames are chunked. When streaming it keeps the last window-1 keys/values."""
@@ -340,32 +348,18 @@ class Attention(nn.Module):
     def forward(self, x, cos, sin, mask, cache: Cache | None = None) -> torch.Tensor:
         B, n, _ = x.shape
         q, k, v = (
-            _linear(x, p.weight, p.bias).view(B, n, -1, self.head_dim).transpose(1, 2)
+            self.ops.linear(x, p.weight, p.bias).view(B, n, -1, self.head_dim).transpose(1, 2)
             for p in (self.q_proj, self.k_proj, self.v_proj)
         )  # [B, H(kv), n, D]
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         kv = _with_context(torch.stack([k, v]), cache, self, self.window - 1, dim=3)  # [2, B, Hkv, W-1+n, D]
         if self.n_kv != self.n_heads:
             kv = kv.repeat_interleave(self.n_heads // self.n_kv, dim=2)
-        op = kernels.window_attention_op() if kernels.takes(q) and self.head_dim % 16 == 0 else None
-        if op is not None:  # leapvox's compiled kernel: the same per-query arithmetic without [n, W, D] temporaries
-            out = op(q, kv[0], kv[1], mask, self.head_dim**-0.5)
-        else:
-            span = 127 + self.window  # blocks of 128 queries bound the size of the window copies
-            blocks = range(0, n, 128)
-            out = torch.cat([self._attend(q[:, :, s : s + 128], kv[..., s : s + span, :], mask[s : s + 128])
-                             for s in blocks], dim=2)  # [B, H, n, D]
-        return _linear(out.transpose(1, 2).reshape(B, n, -1), self.o_proj.weight, self.o_proj.bias)
-
-    def _attend(self, q: torch.Tensor, kv: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        # Broadcast products and sums, not matmul: BLAS rounds a single-query block differently.
-        k, v = kv.unfold(3, self.window, 1).transpose(-1, -2)  # each [B, H, n, W, D]: query i's keys
-        scores = (q.unsqueeze(-2) * k).sum(-1) * self.head_dim**-0.5  # [B, H, n, W]
-        probs = scores.float().masked_fill(~mask, float("-inf")).softmax(-1).to(q.dtype)
-        return (probs.unsqueeze(-1) * v).sum(-2)  # [B, H, n, D]
+        out = self.ops.window_attention(q, kv, mask, self.head_dim**-0.5)  # [B, H, n, D]
+        return self.ops.linear(out.transpose(1, 2).reshape(B, n, -1), self.o_proj.weight, self.o_proj.bias)
 
 
-class TransformerLayer(nn.Module):
+class TransformerLayer(_Computes):
     def __init__(self, cfg: CodecConfig):
         super().__init__()
         self.self_attn = Attention(cfg)
@@ -377,10 +371,10 @@ class TransformerLayer(nn.Module):
 
     def forward(self, x, cos, sin, mask, cache: Cache | None = None) -> torch.Tensor:
         x = x + self.self_attn_layer_scale.scale * self.self_attn(self.input_layernorm(x), cos, sin, mask, cache)
-        return x + self.mlp_layer_scale.scale * _swiglu(self.mlp, self.post_attention_layernorm(x))
+        return x + self.mlp_layer_scale.scale * self.ops.swiglu(self.mlp, self.post_attention_layernorm(x))
 
 
-class PreTransformer(nn.Module):
+class PreTransformer(_Computes):
     """latent -> hidden, sliding-window transformer, RMSNorm, hidden -> latent. Positions continue across
     streamed calls (absolute, so streaming reproduces one-shot rounding)."""
 
@@ -402,20 +396,21 @@ class PreTransformer(nn.Module):
         cos, sin = rope_cos_sin(inv_freq, torch.arange(start, start + n, device=dev), x.dtype)  # [n, D]
         offset = torch.arange(n, device=dev)[:, None] + torch.arange(self.window, device=dev)[None, :]
         mask = offset >= self.window - 1 - past  # [n, W]: window slot w of query i holds frame i - (W-1) + w
-        h = _linear(x, self.input_proj.weight, self.input_proj.bias)
+        h = self.ops.linear(x, self.input_proj.weight, self.input_proj.bias)
         for layer in self.layers:
             h = layer(h, cos, sin, mask, cache)
-        return _linear(self.norm(h), self.output_proj.weight, self.output_proj.bias)  # [B, n, latent]
+        return self.ops.linear(self.norm(h), self.output_proj.weight, self.output_proj.bias)  # [B, n, latent]
 
 
 class CodecDecoder(nn.Module):
-    """The decoder half of the 12 Hz speech tokenizer. Keys match the official `decoder.*` tensors."""
+    """The decoder half of the 12 Hz speech tokenizer. Keys match the official `decoder.*` tensors. `ops`: what
+    computes its products (default plain torch; see `use_ops`). A streaming.StreamingCodec."""
 
     # a stream's samples do not depend on how the frames are chunked (bit for bit; tests/test_codec.py), so callers
     # may pick chunk sizes for speed alone (app/speak.py does, writing a file)
     streams_exactly = True
 
-    def __init__(self, cfg: CodecConfig):
+    def __init__(self, cfg: CodecConfig, ops: CodecOps | None = None):
         super().__init__()
         self.config = cfg
         latent, dims = cfg.latent_dim, [cfg.decoder_dim // 2**i for i in range(len(cfg.upsample_rates) + 1)]
@@ -434,6 +429,16 @@ class CodecDecoder(nn.Module):
         self.decoder = nn.ModuleList(
             [CausalConv1d(latent, dims[0], 7), *blocks, SnakeBeta(dims[-1]), CausalConv1d(dims[-1], 1, 7)]
         )
+        if ops is not None:
+            use_ops(self, ops)
+
+    @property
+    def samples_per_frame(self) -> int:
+        return self.config.samples_per_frame
+
+    @property
+    def sample_rate(self) -> int:
+        return self.config.output_sample_rate
 
     def decode(self, codes: torch.Tensor, cache: Cache | None = None) -> torch.Tensor:
         """codes [B, Q, n] -> wav [B, 1, spf*n]; from scratch if `cache` is None, else continuing `cache`."""
@@ -461,11 +466,11 @@ class CodecDecoder(nn.Module):
         """Keep the upsampling and decoder stacks' convolution and ConvNeXt weights in `dtype` (bf16) and run
         those products in it: activations are rounded to `dtype` on the way into each product and come back in
         the module's dtype; SnakeBeta, norms, residual sums, the quantizer and the transformer keep theirs.
-        Those weights are 64% of the codec's; on AVX512-BF16 the products run ~2-3x faster (on AMX ~2.4x here).
+        Those weights are 64% of the codec's; CPUs with bf16 products (AVX512-BF16, AMX) run them faster.
         Streaming equals one-shot decoding bit for bit where oneDNN's bf16 kernels round independently of the
         length (AVX512-BF16 without AMX); with AMX about one sample in 10^4 of the wide layers moves by about one bf16
-        step between chunkings (tests/test_codec.py). The waveform moves by bf16 rounding, measured in
-        engine/README.md. Returns self."""
+        step between chunkings (tests/test_codec.py). The waveform moves by bf16 rounding, measured by
+        the codec benchmark (tests/benchmarks/README.md, "Codec decoder"). Returns self."""
         for mod in [*self.upsample.modules(), *self.decoder.modules()]:
             if isinstance(mod, (CausalConv1d, CausalTransConv1d)) and mod.conv.groups == 1:
                 mod.conv.to(dtype)
@@ -510,6 +515,15 @@ class CodecStream:
         self.cache: Cache = {}
         self.frames = 0
         self.recent: torch.Tensor | None = None  # last left_context codes, [B, Q, <= left_context]
+
+    def state(self) -> tuple:
+        """Where the stream stands, to `restore` later (any number of times). Pushes replace cached tensors and never
+        write into them, so the snapshot shares them."""
+        return dict(self.cache), self.frames, self.recent
+
+    def restore(self, state: tuple) -> None:
+        cache, self.frames, self.recent = state
+        self.cache = dict(cache)
 
     @torch.no_grad()
     def push(self, codes: torch.Tensor) -> torch.Tensor:

@@ -5,7 +5,7 @@ Encode: log-mel (100 bins, 10 ms hop) -> stack 8 mel frames into one 800-dim vec
 Decode: sum the codewords -> inverse PCA -> log-mel -> exp -> non-negative mel inversion (multiplicative
 updates) -> fast Griffin-Lim -> waveform, exactly 1920 samples per frame.
 
-Same conventions as engine/codec.py: codes LongTensor [B, 16, T]; waveforms [B, 1, 1920*T] in [-1, 1].
+Same conventions as engine/nets/codec.py: codes LongTensor [B, 16, T]; waveforms [B, 1, 1920*T] in [-1, 1].
 Everything up to the magnitude spectrogram is frame-local, so only Griffin-Lim needs streaming state: the
 stream re-runs it over a few frames of left context whose samples are held at what was already emitted,
 and cross-fades the first samples of each push from the tail the previous push predicted.
@@ -105,7 +105,10 @@ def initial_phase(start: int, frames: int, bins: int) -> torch.Tensor:
 
 
 class DemoCodec(nn.Module):
-    """PCA + residual k-means over stacked log-mel frames; decode by mel inversion and Griffin-Lim."""
+    """PCA + residual k-means over stacked log-mel frames; decode by mel inversion and Griffin-Lim. A
+    streaming.StreamingCodec."""
+
+    streams_exactly = False  # a stream's push boundaries move the samples (DemoCodecStream)
 
     def __init__(self, cfg: DemoCodecConfig):
         super().__init__()
@@ -118,6 +121,14 @@ class DemoCodec(nn.Module):
         self.register_buffer("mel_fb", fb, persistent=False)  # [n_mels, bins]
         self.register_buffer("mel_gram", fb.t() @ fb, persistent=False)  # [bins, bins]
         self.register_buffer("window", torch.hann_window(cfg.n_fft), persistent=False)
+
+    @property
+    def samples_per_frame(self) -> int:
+        return self.config.samples_per_frame
+
+    @property
+    def sample_rate(self) -> int:
+        return self.config.sample_rate
 
     # --- analysis -------------------------------------------------------------------------------------
 
@@ -249,6 +260,13 @@ class DemoCodecStream:
         self.phase: torch.Tensor | None = None  # their last Griffin-Lim phases, same shape
         self.tail: torch.Tensor | None = None  # predicted continuation past the last push [B, crossfade]
         self.past: torch.Tensor | None = None  # the context frames' emitted samples [B, hop * 8*context]
+
+    def state(self) -> tuple:
+        """Where the stream stands, to `restore` later (pushes replace these tensors, never write into them)."""
+        return self.frames, self.mag, self.phase, self.tail, self.past
+
+    def restore(self, state: tuple) -> None:
+        self.frames, self.mag, self.phase, self.tail, self.past = state
 
     @torch.no_grad()
     def push(self, codes: torch.Tensor) -> torch.Tensor:

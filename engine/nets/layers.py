@@ -16,10 +16,19 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        dtype = x.dtype
-        h = x.to(torch.float32)
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * h.to(dtype)
+        return rms_norm(x, self.weight, self.eps)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, scale: float = 1.0) -> torch.Tensor:
+    """x normalised over its last dim in fp32, cast back to x's dtype, times `weight`: the one RMSNorm of the
+    decoder layer, the predictor loop and the Core ML wrappers. A power-of-two `scale` squares x / scale instead
+    (the same bits in fp32; keeps the sum of squares inside fp16's range in an export)."""
+    h = x.to(torch.float32)
+    if scale != 1.0:
+        h, eps = h * (1.0 / scale), eps / (scale * scale)
+    if not hasattr(F, "rms_norm") or torch.jit.is_tracing():  # the composite (same bits): torch < 2.4, an export
+        return weight * (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+    return weight * F.rms_norm(h, (h.shape[-1],), eps=eps).to(x.dtype)  # one fused kernel
 
 
 def rope_inv_freq(head_dim: int, theta: float) -> torch.Tensor:
@@ -38,12 +47,12 @@ def rope_cos_sin(
 
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    first, second = x.chunk(2, dim=-1)  # no shape arithmetic: an exported (traced) graph stays static
+    return torch.cat((-second, first), dim=-1)
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x: [B, H, T, D]; cos/sin: [T, D]."""
+    """x: [B, H, T, D]; cos/sin: [T, D] (or any shape that broadcasts against x)."""
     return x * cos + rotate_half(x) * sin
 
 
@@ -57,8 +66,4 @@ class SwiGLU(nn.Module):
         self.down_proj = nn.Linear(hidden, dim, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        fused = getattr(self, "gate_up_proj", None)  # one product for gate and up, when quantization fused them
-        if fused is None:
-            return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
-        gate, up = fused(x).split(fused.split_sizes, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))

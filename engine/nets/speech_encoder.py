@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .layers import apply_rope, rope_cos_sin, rope_inv_freq
+from leapvox.engine.nets.layers import apply_rope, rope_cos_sin, rope_inv_freq
 
 
 @dataclass(frozen=True)

@@ -9,9 +9,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .code_predictor import CodePredictor
-from .config import TalkerConfig
-from .transformer import DecoderStack
+from leapvox.engine.config import TalkerConfig
+from leapvox.engine.nets.code_predictor import CodePredictor
+from leapvox.engine.nets.transformer import DecoderStack
 
 
 class TalkerModel(DecoderStack):

@@ -10,9 +10,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from . import fused as fusion
-from .config import TransformerConfig
-from .layers import RMSNorm, SwiGLU, apply_rope, rope_cos_sin, rope_inv_freq
+from leapvox.engine.config import TransformerConfig
+from leapvox.engine.nets.layers import RMSNorm, SwiGLU, apply_rope, rope_cos_sin, rope_inv_freq
 
 
 class KVCache(nn.Module):
@@ -41,6 +40,22 @@ class KVCache(nn.Module):
         self.v[:, :, start:end] = v
 
 
+def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor | None = None,
+           causal: bool = False) -> torch.Tensor:
+    """Grouped-query attention, the one helper of every decoder layer: q [B, H, T, D] over keys, values
+    [B, KV, S, D] (query head h reads KV head h // (H / KV)) under `mask` (bool True = may attend, or additive,
+    broadcastable to [B, H, T, S]; None: every key), or causally -> [B, T, H * D]."""
+    b, h, t, d = q.shape
+    rep = h // keys.shape[1]
+    if t == 1 and rep > 1 and not causal:  # one row (a decode step): group the query heads by KV head, no copy
+        out = F.scaled_dot_product_attention(q.reshape(b, h // rep, rep, d), keys, values, attn_mask=mask)
+        return out.reshape(b, 1, h * d)  # [B, KV, rep, D] = [B, 1, H * D]
+    if rep > 1:
+        keys, values = keys.repeat_interleave(rep, dim=1), values.repeat_interleave(rep, dim=1)  # [B, H, S, D]
+    out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, is_causal=causal)  # [B, H, T, D]
+    return out.transpose(1, 2).reshape(b, t, h * d)
+
+
 class Attention(nn.Module):
     """Multi-head attention with per-head RMS QK-norm before RoPE and grouped KV heads."""
 
@@ -55,60 +70,40 @@ class Attention(nn.Module):
         self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
 
     def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """q, k, v projections of x: one product when quantization fused them (`qkv_proj`, engine.quant)."""
-        fused = getattr(self, "qkv_proj", None)
-        if fused is None:
-            return self.q_proj(x), self.k_proj(x), self.v_proj(x)
-        return fused(x).split(fused.split_sizes, dim=-1)
+        """The q, k, v projections of x [B, T, H]."""
+        return self.q_proj(x), self.k_proj(x), self.v_proj(x)
 
     def forward(
         self,
         x: torch.Tensor,
         cos: torch.Tensor,
         sin: torch.Tensor,
-        cache: KVCache,
-        start: int,
-        mask: torch.Tensor | None,
+        cache: KVCache | None = None,
+        start: int = 0,
+        mask: torch.Tensor | None = None,
         span: int | None = None,
     ) -> torch.Tensor:
-        """Write k, v of x at slots start..start+T-1, attend over slots [0, span) (default start+T) under mask."""
+        """With a cache: write k, v of x at slots start..start+T-1, attend over slots [0, span) (default start+T)
+        under mask. Without (training, teacher forcing): attend over x itself, causally unless `mask` is given."""
         b, t, _ = x.shape
         q, k, v = self.project(x)
         q = self.q_norm(q.view(b, t, self.n_heads, self.head_dim)).transpose(1, 2)  # [B, H, T, D]
         k = self.k_norm(k.view(b, t, self.n_kv, self.head_dim)).transpose(1, 2)  # [B, KV, T, D]
         v = v.view(b, t, self.n_kv, self.head_dim).transpose(1, 2)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        if cache is None:
+            return self.o_proj(attend(q, k, v, mask, causal=mask is None))
         cache.write(start, k, v)
         end = start + t if span is None else span
-        rep = self.n_heads // self.n_kv
-        if t == 1 and rep > 1:  # one row (a decode step): group the query heads by their KV head, no cache copy
-            q = q.reshape(b, self.n_kv, rep, self.head_dim)  # query head h reads KV head h // rep
-            out = F.scaled_dot_product_attention(q, cache.k[:, :, :end], cache.v[:, :, :end], attn_mask=mask)
-            return self.o_proj(out.reshape(b, t, self.n_heads * self.head_dim))  # [B, KV, rep, D] = [B, 1, H * D]
-        keys = cache.k[:, :, :end].repeat_interleave(rep, dim=1)  # [B, H, S, D]
-        values = cache.v[:, :, :end].repeat_interleave(rep, dim=1)
-        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask)  # [B, H, T, D]
-        return self.o_proj(out.transpose(1, 2).reshape(b, t, self.n_heads * self.head_dim))
-
-
-    def forward_train(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask=None) -> torch.Tensor:
-        """Causal attention over x [B, T, H] without a cache (training and teacher forcing); `mask` (boolean, or
-        additive float broadcastable to [B, H, T, T]) replaces the causal mask when given."""
-        b, t, _ = x.shape
-        q = self.q_norm(self.q_proj(x).view(b, t, self.n_heads, self.head_dim)).transpose(1, 2)
-        k = self.k_norm(self.k_proj(x).view(b, t, self.n_kv, self.head_dim)).transpose(1, 2)
-        v = self.v_proj(x).view(b, t, self.n_kv, self.head_dim).transpose(1, 2)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        rep = self.n_heads // self.n_kv
-        k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
-        if mask is None:
-            out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        else:
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
-        return self.o_proj(out.transpose(1, 2).reshape(b, t, self.n_heads * self.head_dim))
+        return self.o_proj(attend(q, cache.k[:, :, :end], cache.v[:, :, :end], mask))
 
 
 class DecoderLayer(nn.Module):
+    """A pre-norm Qwen3 block: x + attention(norm(x)), then + SwiGLU(norm(x)). The cached forward (talker steps,
+    the reference predictor loop, spec verify calls, the window ring) and the training forward (no cache, residual
+    dropout) are this one call; fast backends replace the whole module (engine.fast.fused) or its products
+    (engine.fast.quant) from outside, with the same call."""
+
     def __init__(self, cfg: TransformerConfig):
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
@@ -116,20 +111,13 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = SwiGLU(cfg.hidden_size, cfg.intermediate_size)
 
-    def forward(self, x, cos, sin, cache, start, mask, span=None):
-        if x.shape[0] == 1 and fusion.usable(x, mask):
-            step = fusion.fused_layer(self)  # w8a8 on leapvox's kernel: the whole layer in one compiled call
-            if step is not None:
-                end = start + x.shape[1] if span is None else span
-                return step(x[0], cache.k[0, :, None], cache.v[0, :, None], start, cos, sin, mask, end)[None]
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, cache, start, mask, span)
-        return x + self.mlp(self.post_attention_layernorm(x))
-
-    def forward_train(self, x, cos, sin, dropout: float = 0.0, mask=None):
-        """Cache-free causal pass over whole sequences (training), with residual-branch dropout."""
-        a = self.self_attn.forward_train(self.input_layernorm(x), cos, sin, mask)
-        x = x + F.dropout(a, dropout, self.training)
-        return x + F.dropout(self.mlp(self.post_attention_layernorm(x)), dropout, self.training)
+    def forward(self, x, cos, sin, cache=None, start=0, mask=None, span=None, dropout: float = 0.0):
+        """x [B, T, H] -> [B, T, H]; cache, start, mask, span as `Attention.forward`; `dropout` on the residual
+        branches while training."""
+        a = self.self_attn(self.input_layernorm(x), cos, sin, cache, start, mask, span)
+        x = x + (F.dropout(a, dropout, self.training) if dropout else a)
+        m = self.mlp(self.post_attention_layernorm(x))
+        return x + (F.dropout(m, dropout, self.training) if dropout else m)
 
 
 def causal_mask(start: int, t: int, device=None) -> torch.Tensor | None:
@@ -187,7 +175,7 @@ class DecoderStack(nn.Module):
         inv_freq = rope_inv_freq(c.head_dim, c.rope_theta).to(x.device)
         cos, sin = rope_cos_sin(inv_freq, torch.arange(x.shape[1], device=x.device), x.dtype)
         for layer in self.layers:
-            x = layer.forward_train(x, cos, sin, dropout, mask)
+            x = layer(x, cos, sin, mask=mask, dropout=dropout)
         return self.norm(x)
 
     @property

@@ -21,8 +21,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from leapvox.engine.code_predictor import CodePredictor
-from leapvox.engine.coreml_wrappers import (
+from leapvox.engine.coreml.wrappers import (
     PredictorCall,
     TalkerDecode,
     TalkerPrefill,
@@ -31,9 +30,10 @@ from leapvox.engine.coreml_wrappers import (
     power_of_two_scale,
 )
 from leapvox.engine.errors import LeapvoxError
-from leapvox.engine.layers import RMSNorm
+from leapvox.engine.nets.code_predictor import CodePredictor
+from leapvox.engine.nets.layers import RMSNorm
+from leapvox.engine.nets.talker import Talker
 from leapvox.engine.spec import DEFAULT_TREE, DraftTree
-from leapvox.engine.talker import Talker
 from leapvox.models.coreml_assets import export_root
 from leapvox.models.paths import model_key, model_revision
 
@@ -257,7 +257,7 @@ def talker_functions(talker: Talker, settings: ExportSettings, scales: dict[str,
 
 def codec_functions(decoder, settings: ExportSettings) -> dict[str, Function]:
     """One streaming step of C frames with the carried state as explicit inputs (state{i}) and outputs."""
-    from leapvox.engine.coreml_wrappers import CodecChunk
+    from leapvox.engine.coreml.wrappers import CodecChunk
 
     chunk = CodecChunk(decoder, settings.codec_chunk)
     shapes = chunk.state_shapes()
@@ -499,7 +499,7 @@ def profile_verify(talker: Talker, trees: list[DraftTree], offsets: torch.Tensor
     """For each draft tree: export the predictor with that verify function (a temporary package), load it with
     `compute_units` and time verify against ar on this machine (`load(package, names, units)` defaults to
     coreml_runtime.load_functions, i.e. Core ML on macOS). Returns N -> time_verify_over_ar's figures."""
-    from leapvox.engine.coreml_runtime import load_functions
+    from leapvox.engine.coreml.runtime import load_functions
 
     out = {}
     with tempfile.TemporaryDirectory(prefix="leapvox-calibrate-") as tmp:

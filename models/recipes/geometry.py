@@ -1,6 +1,6 @@
 """The Qwen3-TTS geometry, written once: config.json of the official 12 Hz CustomVoice models (talker, code
-predictor, codec), and the 0.6B layer sizes that the random-weight benchmarks build (`leapvox bench-window`,
-`leapvox bench-spec --cost-only`, tests/benchmarks/bench.py). Data only: nothing here imports torch."""
+predictor, codec), and the 0.6B layer sizes that the random-weight benchmarks build (`leapvox recipe bench-window`,
+`leapvox recipe bench-spec --cost-only`, tests/benchmarks/bench.py). Data only: nothing here imports torch."""
 
 from __future__ import annotations
 

@@ -14,9 +14,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from leapvox.engine.code_predictor import CodePredictor
+from leapvox.engine.fast.predictor import loop_for, predict_codes
+from leapvox.engine.nets.code_predictor import CodePredictor
 from leapvox.engine.options import SynthesisOptions, validate
-from leapvox.engine.predictor import loop_for, predict_codes
 from leapvox.engine.prompt import build_prompt
 from leapvox.engine.sampling import SamplingParams, temperature_top_k_top_p
 from leapvox.engine.spec import DraftPlan, DraftTree, SpecStats, predict_codes_spec

@@ -1,4 +1,4 @@
-"""`leapvox train-window`: adapt a full-attention model to windowed decoding (WAND-style), with distillation.
+"""`leapvox recipe window`: adapt a full-attention model to windowed decoding (WAND-style), with distillation.
 
 The student starts as a copy of the model and is trained under exactly the attention pattern of windowed mode
 (engine/caches.py RingCache): every prompt row is visible to every later row, and frame row L+k sees frame rows
@@ -16,7 +16,7 @@ The rest of the steps train at the hard target window. Loss per step, on teacher
 
 The adapted checkpoint is the model's folder with new weights and `"leapvox_window": W` in config.json, which
 windowed mode reads as its default window (and then stops calling itself an approximation).
-Training data: a folder written by `leapvox demo build-data` (text or phonemes + codes of the model's codec).
+Training data: a folder written by `leapvox recipe demo build-data` (text or phonemes + codes of the model's codec).
 """
 
 from __future__ import annotations
@@ -131,7 +131,7 @@ def load_split(loaded, data_dir: Path, split: str, max_frames: int):
     from leapvox.models.recipes.demo.train import load_examples
 
     if not (data_dir / f"{split}.pt").is_file():
-        raise InputError(f"no {split}.pt in {data_dir}", hint="give a folder written by leapvox demo build-data")
+        raise InputError(f"no {split}.pt in {data_dir}", hint="give a folder written by leapvox recipe demo build-data")
     return load_examples(data_dir, split, loaded.tokenizer, max_frames)
 
 
@@ -151,7 +151,7 @@ def train_window(model_path: str, data_dir: str, out_dir: str, window: int, step
     loaded = load_model(model_path)
     cfg, teacher = loaded.config, loaded.tts.eval()
     if "leap" not in cfg.talker.spk_id or "english" not in cfg.talker.codec_language_id:
-        raise InputError("train-window builds the demo model's prompt (speaker 'leap', language 'english'), "
+        raise InputError("recipe window builds the demo model's prompt (speaker 'leap', language 'english'), "
                          "which this model does not have", hint="adapt the demo model, or a model trained like it")
     student = copy.deepcopy(teacher).train()
     for p in teacher.parameters():

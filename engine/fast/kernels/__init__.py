@@ -2,13 +2,13 @@
 
 `w8a8.cpp`: the w8a8 format's linear product on x86-64 CPUs with AVX-512 VNNI (int8 weights in blocks of 64 rows,
 4 input features at a time, 8-bit activations quantized per row, exact int32 dot products, blocks split over
-torch's own threads). Against torch's FBGEMM route on the 0.6B predictor's 35 linears it reads the weights 1.2x
-faster at one row and quantizes each row of a multi-row call on its own (so the root row of spec's verify call is
-computed exactly as the ar call computes it); measured in tests/benchmarks/README.md ("w8a8 kernel"). Calls over
+torch's own threads). It reads the weights faster than torch's FBGEMM route (`tests/benchmarks/kernels.py`) and
+quantizes each row of a multi-row call on its own (so the root row of spec's verify call is computed exactly as
+the ar call computes it). Calls over
 5+ rows run on AMX-INT8 tiles where the CPU has them and Linux grants them (the packed block is the tile layout;
 the same integer sums, so the same bits; `LEAPVOX_AMX=0` turns it off). Also `w4a8_linear` (4-bit weights in
 groups of 64: `quantize4`, `pack4`) and `qwen3_layer`: a whole w8a8 / w4a8 decoder layer in one call
-(engine/fused.py).
+(engine/fast/fused.py).
 `codec.cpp`: the codec decoder's SnakeBeta in one pass and its transposed convolutions' overlap-add.
 
 Nothing here is needed: leapvox installs with pip alone and runs torch's kernels when this one is not available:
@@ -18,7 +18,7 @@ torch version and source (about 15-30 s), prints one line, and is cached in leap
 $LEAPVOX_HOME when that is set, else ~/.cache/leapvox on Linux; `leapvox paths` shows it), written atomically so
 concurrent first runs cannot load half a library.
 
-A library prebuilt for exactly these sources and this torch version (`python -m leapvox.engine.kernels prebuild`,
+A library prebuilt for exactly these sources and this torch version (`python -m leapvox.engine.fast.kernels prebuild`,
 which packaging/build.sh runs so the standalone bundle, which has no compiler or torch headers, gets the kernels
 too) is taken from `prebuilt/` next to this file before anything is built; one made for other sources or another
 torch is not looked at (its name carries both), and one the loader refuses is built afresh where a compiler is.
@@ -72,7 +72,7 @@ def cpu_flags() -> set[str]:
 
 def bf16_products() -> bool:
     """Whether this CPU multiplies bf16 in hardware (AVX512-BF16 or AMX-BF16, read from Linux's /proc/cpuinfo), so
-    oneDNN's bf16 convolutions beat fp32 ones (measured in tests/benchmarks/README.md); elsewhere False."""
+    oneDNN's bf16 convolutions beat fp32 ones; elsewhere False."""
     flags = cpu_flags()
     return "avx512_bf16" in flags or "amx_bf16" in flags
 
@@ -318,7 +318,7 @@ def _op(name: str) -> Callable | None:
 
 
 def layer_op() -> Callable | None:
-    """qwen3_layer: one w8a8 decoder layer in C++ (engine/fused.py), or None."""
+    """qwen3_layer: one w8a8 decoder layer in C++ (engine/fast/fused.py), or None."""
     return _op("qwen3_layer")
 
 
@@ -395,7 +395,7 @@ def hint() -> str | None:
     if unavailable_reason() != _build_reason() or _compiler() is not None:
         return None
     return ("install a C++ compiler (Debian/Ubuntu: apt install g++) and leapvox builds its kernel on the next run, "
-            "once: w8a8 speaks ~1.6x faster with it (tests/benchmarks/README.md)")
+            "once: w8a8 speaks faster with it")
 
 
 @contextlib.contextmanager

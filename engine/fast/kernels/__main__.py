@@ -1,4 +1,4 @@
-"""`python -m leapvox.engine.kernels prebuild [--out DIR]`: build leapvox's CPU kernels now and place them where a
+"""`python -m leapvox.engine.fast.kernels prebuild [--out DIR]`: build leapvox's CPU kernels now and place them where a
 later run finds them without a compiler (packaging/build.sh does this for the standalone bundle)."""
 
 from __future__ import annotations
@@ -7,11 +7,11 @@ import argparse
 import sys
 from pathlib import Path
 
-from . import PREBUILT_DIR, prebuild
+from leapvox.engine.fast.kernels import PREBUILT_DIR, prebuild
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m leapvox.engine.kernels", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m leapvox.engine.fast.kernels", description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="command", required=True)
     pre = sub.add_parser("prebuild", help="build the kernels for this torch and place them in a folder")
     pre.add_argument("--out", type=Path, default=PREBUILT_DIR, help=f"the folder (default {PREBUILT_DIR})")

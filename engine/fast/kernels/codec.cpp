@@ -10,12 +10,12 @@
 // over k = i mod 16 (one FMA chain each, k in order), then the same fixed tree over the 16. A value's rounding
 // depends only on its own row and column, never on M or on how the work is split, so a streamed codec decode
 // equals the one-shot decode bit for bit without padding small calls up to 16 rows (BLAS rounds a handful of rows
-// differently; at 1-16 rows it also ran at ~30 GFLOP/s on this CPU). Weights are read in their own [N, K] rows.
+// differently, and slowly). Weights are read in their own [N, K] rows.
 //
 // window_attention: the codec pre-transformer's sliding-window attention. Query i sees the W keys i .. i+W-1 of its
 // call's key buffer under a mask; scores, the softmax (fp32, max first) and the weighted sum of values run in one
 // fixed order per query, so, as above, a query's output does not depend on how many queries the call holds (the
-// composite it replaces built [n, W, D] products and sums to get the same property, ~1.5 ms a layer at 16 rows).
+// composite it replaces built [n, W, D] products and sums to get the same property, and was slower).
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>

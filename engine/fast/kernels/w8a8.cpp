@@ -1,5 +1,5 @@
 // leapvox's optional CPU kernel for w8a8 linears on x86-64 with AVX-512 VNNI (built on first use by
-// engine/kernels/__init__.py when a C++ compiler is present; without one leapvox uses torch's prebuilt kernels).
+// engine/fast/kernels/__init__.py when a C++ compiler is present; without one leapvox uses torch's prebuilt kernels).
 //
 // y[m, n] = sx[m] * sw[n] * (sum_k qx[m, k] * w[n, k] - zx[m] * wsum[n]) + bias[n]
 //
@@ -29,7 +29,7 @@ namespace {
 
 constexpr int64_t kCols = 64;   // output columns per packed block (4 vectors of 16 int32 sums)
 constexpr int64_t kXBlock = 4;  // activation rows per pass over a block (more rows: another pass, from cache)
-constexpr int64_t kPrefetch = 4096;  // bytes ahead in a weight stream (measured best of 512 .. 8192; README)
+constexpr int64_t kPrefetch = 4096;  // bytes ahead in a weight stream (the best of 512 .. 8192 measured)
 
 // the lanes of 16 output columns starting at c0 that exist (N - c0 of them at the tail)
 inline __mmask16 tail_mask(int64_t N, int64_t c0) {

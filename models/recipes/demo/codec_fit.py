@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from leapvox.engine.demo_codec import MODEL_TYPE, DemoCodec, DemoCodecConfig, nearest
+from leapvox.engine.nets.demo_codec import MODEL_TYPE, DemoCodec, DemoCodecConfig, nearest
 
 
 def log(msg: str) -> None:

@@ -229,7 +229,7 @@ def teacher_forced_codes(loaded, split: dict, n: int, params=None, true_codes: i
 
     `true_codes` = K keeps the rendition's own codes 1..K too, spliced over the same draw (codes K+1..15 are the
     ones drawn with K = 0): scoring K = 0, 3, 7 ... shows which residual groups the gap sits in."""
-    from leapvox.engine.predictor import PredictorLoop
+    from leapvox.engine.fast.predictor import PredictorLoop
 
     from .train import Example, make_batch, model_texts
 

@@ -1,6 +1,6 @@
 """Training recipe for the demo model: a small Qwen3-TTS-architecture talker + code predictor on espeak speech.
 
-Same networks (engine/talker.py) and the same non-streaming CustomVoice prompt as Qwen3-TTS; the text track
+Same networks (engine/nets/talker.py) and the same non-streaming CustomVoice prompt as Qwen3-TTS; the text track
 carries espeak-ng IPA phonemes through a tiny byte-level BPE tokenizer in the Qwen2 file format. Teacher
 forcing: loss = CE(code 0, talker) + mean CE(codes 1..15, code predictor on a random 25 % of frames), or with
 `objective="distortion"` the predictor's expected codec-space error instead of its CE (`excess_distortion`).
@@ -23,9 +23,9 @@ import torch.nn.functional as F
 
 from leapvox.engine.config import TTSConfig
 from leapvox.engine.errors import InputError
-from leapvox.engine.predictor import predict_codes_reference
+from leapvox.engine.fast.predictor import predict_codes_reference
+from leapvox.engine.nets.talker import TTSModel
 from leapvox.engine.sampling import SamplingParams
-from leapvox.engine.talker import TTSModel
 
 from .sizes import SIZES
 from .tokenizer_files import write_tokenizer

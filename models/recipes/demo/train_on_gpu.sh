@@ -48,7 +48,7 @@ EOF
 pids=()
 for r in "${runs[@]}"; do
   IFS=: read -r name size batch lr dropout sampled objective <<<"$r"
-  python3 -m leapvox.app.cli demo train --data "$work/data" --out "$work/$name" --size "$size" --batch "$batch" \
+  python3 -m leapvox.app.cli recipe demo train --data "$work/data" --out "$work/$name" --size "$size" --batch "$batch" \
     --lr "$lr" --dropout "$dropout" --cp-fraction 1.0 --steps 1000000 --minutes "$minutes" --save-every 400 \
     --sampled-residuals "${sampled:-0}" --predictor-objective "${objective:-ce}" --threads 4 --device "$device" ${INIT:+--init "$INIT"} \
     ${FRONTEND:+--frontend "$FRONTEND"} >"$out/$name.log" 2>&1 &
