@@ -32,20 +32,15 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+# the host-side mask and slot bookkeeping the runtime uses are the export's too
+from leapvox.engine.coreml.runtime import MASK_MIN, PredictorSlots, additive_mask  # noqa: F401
 from leapvox.engine.nets import layers
 from leapvox.engine.nets.code_predictor import CodePredictor
 from leapvox.engine.nets.layers import RMSNorm, apply_rope, rope_cos_sin, rope_inv_freq
 from leapvox.engine.nets.talker import Talker
 from leapvox.engine.nets.transformer import DecoderLayer, DecoderStack
 
-MASK_MIN = -1.0e4  # additive mask value: exp underflows to exactly 0 in fp32 and fp16, and it stays finite
 PREDICTOR_ROPE_LEN = 32  # predictor positions stay below 1 + 15 + tree depth <= 31
-
-
-def additive_mask(allowed: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """Boolean mask (True = may attend) -> 0 / MASK_MIN."""
-    zero = torch.zeros((), dtype=dtype)
-    return torch.where(allowed, zero, torch.full((), MASK_MIN, dtype=dtype))
 
 
 def new_kv_state(stack: DecoderStack, context: int, dtype: torch.dtype = torch.float32) -> list[torch.Tensor]:
@@ -237,35 +232,6 @@ class PredictorCall(_Stack):
         if self.drafts == 0:
             return y[0]
         return y[0], y[1:].transpose(0, 1)
-
-
-class PredictorSlots:
-    """Host-side bookkeeping of the predictor cache: which slots hold committed rows (never moved or rewritten);
-    each call's rows go to free slots; the mask lets a row see every committed slot plus its own tree ancestors."""
-
-    def __init__(self, context: int):
-        self.context = context
-        self.committed: list[int] = []
-
-    def reset(self) -> None:
-        self.committed = []
-
-    def alloc(self, n: int) -> list[int]:
-        taken = set(self.committed)
-        free = [s for s in range(self.context) if s not in taken][:n]
-        if len(free) < n:
-            raise RuntimeError(f"predictor cache of {self.context} slots is full")
-        return free
-
-    def mask(self, slots: list[int], ancestors: torch.Tensor, dtype=torch.float32) -> torch.Tensor:
-        """[T, S] additive mask; `ancestors` [T, T] bool (row i may see row j of this call)."""
-        allowed = torch.zeros(len(slots), self.context, dtype=torch.bool)
-        allowed[:, self.committed] = True
-        allowed[:, slots] = ancestors
-        return additive_mask(allowed, dtype)
-
-    def commit(self, slots: list[int]) -> None:
-        self.committed.extend(slots)
 
 
 # ---------------------------------------------------------------------------------------------------- codec
