@@ -106,3 +106,29 @@ def _w8a8_kernel_built():
     from leapvox.engine.fast import kernels
 
     kernels.w8a8_op()
+
+
+def run(capsys, *argv):
+    """`leapvox ARGV` in this process -> (exit code, stdout, stderr)."""
+    from leapvox.app.cli import main
+
+    code = main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def one_line(err: str) -> str:
+    """The one line a user mistake prints (no traceback, no internal error)."""
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert len(lines) == 1, err
+    assert "Traceback" not in err and "internal error" not in err, err
+    return lines[0]
+
+
+@pytest.fixture
+def no_load(monkeypatch):
+    """Fail the test if speak gets as far as loading the model."""
+    def load(*a, **k):
+        raise AssertionError("the model was loaded")
+
+    monkeypatch.setattr("leapvox.app.speak.load", load)

@@ -25,28 +25,9 @@ from leapvox.app.audio import EXTENSIONS, WavWriter, file_format, supported_form
 from leapvox.app.cli import main
 from leapvox.models.files import write_bytes_atomic
 
+from .conftest import one_line, run
+
 FAST = ["--max-frames", "2", "--greedy"]  # the bundled demo model (the default): quick, and the same samples each run
-
-
-def run(capsys, *argv):
-    code = main([str(a) for a in argv])
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
-def one_line(err: str) -> str:
-    lines = [ln for ln in err.splitlines() if ln.strip()]
-    assert len(lines) == 1 and "Traceback" not in err, err
-    return lines[0]
-
-
-@pytest.fixture
-def no_load(monkeypatch):
-    """Fail the test if speak gets as far as loading the model."""
-    def load(*a, **k):
-        raise AssertionError("the model was loaded")
-
-    monkeypatch.setattr("leapvox.app.speak.load", load)
 
 
 @pytest.fixture(scope="module")

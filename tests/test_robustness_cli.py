@@ -17,35 +17,11 @@ from pathlib import Path
 
 import pytest
 
-from leapvox.app.cli import main
-
-from .conftest import FIXTURES
+from .conftest import FIXTURES, one_line, run
 
 MODEL = FIXTURES / "tiny-0b6"
 FAST = ["--max-frames", "3", "--greedy"]
 needs_espeak = pytest.mark.skipif(shutil.which("espeak-ng") is None, reason="the demo front end needs espeak-ng")
-
-
-def run(capsys, *argv):
-    code = main([str(a) for a in argv])
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
-def one_line(err: str) -> str:
-    lines = [ln for ln in err.splitlines() if ln.strip()]
-    assert len(lines) == 1, err
-    assert "Traceback" not in err and "internal error" not in err, err
-    return lines[0]
-
-
-@pytest.fixture
-def no_load(monkeypatch):
-    """Fail the test if speak gets as far as loading the model."""
-    def load(*a, **k):
-        raise AssertionError("the model was loaded")
-
-    monkeypatch.setattr("leapvox.app.speak.load", load)
 
 
 # ---- 1. an output that cannot be written ----------------------------------------------------------------------------

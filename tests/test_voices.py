@@ -15,12 +15,11 @@ import soundfile as sf
 import torch
 from safetensors.torch import load_file
 
-from leapvox.app.cli import main
 from leapvox.engine.errors import InputError
 from leapvox.engine.prompt import ClonedVoice
 from leapvox.models import checkpoint, voices
 
-from .conftest import FIXTURES
+from .conftest import FIXTURES, one_line, run
 
 BASE = FIXTURES / "tiny-base-0b6"
 DESIGN = FIXTURES / "tiny-voicedesign"
@@ -33,18 +32,6 @@ KEY = "tiny-base-0b6-0123456789"
 def home(tmp_path, monkeypatch):
     monkeypatch.setenv("LEAPVOX_HOME", str(tmp_path / "home"))
     return tmp_path / "home"
-
-
-def run(capsys, *argv):
-    code = main([str(a) for a in argv])
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
-def one_line(err: str) -> str:
-    lines = [ln for ln in err.splitlines() if ln.strip()]
-    assert len(lines) == 1 and "Traceback" not in err, err
-    return lines[0]
 
 
 def voice(icl: bool = True) -> ClonedVoice:
