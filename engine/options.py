@@ -8,6 +8,7 @@ from dataclasses import dataclass, field, fields, replace
 
 from leapvox.engine.config import TTSConfig
 from leapvox.engine.errors import InputError
+from leapvox.engine.markup import check_markup, strip_markup
 from leapvox.engine.text import has_words
 
 # Where the text rows sit: all in the prompt (as the official package by default), or riding on frames.
@@ -197,11 +198,17 @@ def build_options(given: Mapping, defaults: SynthesisOptions = SynthesisOptions(
 
 def check_text(text: str, name: str = "the text") -> None:
     """What makes a text speakable, for every entry point (`text` already cleaned of control characters): not
-    empty, and something to say (a letter or a digit: "!!! ???" has none)."""
+    empty, its pause tags well formed (markup.py), and something to say besides them (a letter or a digit: "!!! ???"
+    has none)."""
     if not text.strip():
         raise OptionError(name, f"{name} is empty", hint="give some words to speak")
-    if not has_words(text):
-        raise OptionError(name, f"{name} has nothing to say: {_shown(text)} holds no letter or digit",
+    try:
+        check_markup(text)
+    except InputError as e:
+        raise OptionError(name, f"{name}: {e}", hint=e.hint) from None
+    if not has_words(strip_markup(text)):
+        what = "no letter or digit" if has_words(text) is has_words(strip_markup(text)) else "only pause tags"
+        raise OptionError(name, f"{name} has nothing to say: {_shown(text)} holds {what}",
                           hint="give some words to speak")
 
 
