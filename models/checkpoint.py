@@ -268,13 +268,13 @@ def weight_formats() -> list[str]:
 
 
 def load_checkpoint(path: str | Path, weights: str = "fp32", device: str = "cpu",
-                    config: TTSConfig | None = None) -> LoadedModel:
+                    config: TTSConfig | None = None, defaults: SynthesisOptions | None = None) -> LoadedModel:
     """Load config, weights, text tokenizer, codec decoder and spec assets from a checkpoint folder.
 
     `weights` is a weight format: fp32, bf16, int8, w8a8, w4a8 or int4 (the talker's and predictor's linears quantized
     from the file's weights, fp32 for the rest; engine.fast.quant), or auto (quant.resolve_weights). The model
-    runs on the torch engine; for a ready model
-    by name with a backend, use models.load.load_model."""
+    runs on the torch engine; for a ready model by name with a backend, use models.load.load_model. `config` and
+    `defaults`, where the caller read them already (models.load.ModelFolder), are not read again."""
     folder = check_folder(Path(path))
     weights = resolve_weights({"float32": "fp32", "bfloat16": "bf16"}.get(weights, weights))
     if weights not in WEIGHT_FORMATS:
@@ -310,4 +310,5 @@ def load_checkpoint(path: str | Path, weights: str = "fp32", device: str = "cpu"
     codec.to(device).eval()
     tokenizer = TextTokenizer(folder, frontend=text_frontend(vars(cfg)))
     plan = draft_plan(folder, tts.talker.code_predictor.cfg.hidden_size)
-    return LoadedModel(folder, cfg, tts, codec, tokenizer, model_defaults(folder, cfg), sample_rate, weights, plan)
+    defaults = defaults or model_defaults(folder, cfg)
+    return LoadedModel(folder, cfg, tts, codec, tokenizer, defaults, sample_rate, weights, plan)

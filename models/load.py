@@ -66,7 +66,7 @@ def load_model(
     where that cannot run) or `auto` (ane where Core ML runs and the model has an export, else cpu)."""
     m = model if isinstance(model, ModelFolder) else open_model(model, pull=pull, say=say, progress=progress)
     try:
-        loaded = load_checkpoint(m.path, weights, device, m.config)
+        loaded = load_checkpoint(m.path, weights, device, m.config, m.defaults)
     except DamagedFileError as e:
         raise _hinted(e, m.spec) from None
     if resolve_backend(backend, m.path) != "ane":

@@ -356,7 +356,7 @@ def test_tui_refuses_what_has_nothing_to_say(tmp_path):
 
 def test_one_speak_request_resolves_reads_and_validates_once(tmp_path, capsys):
     """One `speak --mode spec` request of two sentences on the demo model: the --model value resolved (hub.ensure)
-    once, config.json opened once, the voice rule run once, and the options validated once (a `validate` that
+    once, config.json and generation_config.json opened once each, the voice rule run once, and the options validated once (a `validate` that
     returns the options it was given has nothing left to check). Each was 2 to 4 before (issue #38)."""
     import collections
     import sys
@@ -367,12 +367,12 @@ def test_one_speak_request_resolves_reads_and_validates_once(tmp_path, capsys):
     from leapvox.models.catalog import CATALOG
 
     ours = tuple(str(Path(m.__file__).parent) for m in (leapvox.app, leapvox.engine, leapvox.models))
-    config = (CATALOG["demo"].bundled / "config.json").resolve()
+    jsons = {(CATALOG["demo"].bundled / n).resolve(): n for n in ("config.json", "generation_config.json")}
     counts, tracing = collections.Counter(), [True]
 
     def opened(event, args):
-        if tracing and event == "open" and str(args[0]).endswith("config.json") and Path(args[0]).resolve() == config:
-            counts["config.json"] += 1
+        if tracing and event == "open" and str(args[0]).endswith("config.json") and Path(args[0]).resolve() in jsons:
+            counts[jsons[Path(args[0]).resolve()]] += 1
 
     def calls(frame, event, arg):
         code = frame.f_code
@@ -392,4 +392,4 @@ def test_one_speak_request_resolves_reads_and_validates_once(tmp_path, capsys):
         sys.setprofile(None)
         tracing.clear()
     assert code == 0, capsys.readouterr().err
-    assert dict(counts) == {"validate": 1, "check_voice": 1, "ensure": 1, "config.json": 1}
+    assert dict(counts) == {"validate": 1, "check_voice": 1, "ensure": 1, "config.json": 1, "generation_config.json": 1}
