@@ -166,6 +166,24 @@ _BOMS = ((b"\xff\xfe\x00\x00", "UTF-32"), (b"\x00\x00\xfe\xff", "UTF-32"), (b"\x
          (b"\xfe\xff", "UTF-16"))
 
 
+STDIN = "standard input"
+
+
+def _not_utf8(where: str, head: bytes, offset: int, byte: int, encoding: str = "utf-8") -> UsageError:
+    """The one line for text that is not UTF-8 (`byte` at `offset`; `head`: the first bytes, for a UTF-16/32 byte
+    order mark), worded for a file or for standard input."""
+    utf = next((name for bom, name in _BOMS if head.startswith(bom)), None) if offset < 4 or where != STDIN else None
+    if where == STDIN:
+        return UsageError(f"cannot read standard input: it is {f'{utf} text, not' if utf else 'not'} {encoding} text "
+                          f"(byte 0x{byte:02x} at offset {offset})",
+                          hint=f"pipe it through iconv -f {utf} -t UTF-8" if utf else "pipe UTF-8 text")
+    if utf:
+        return UsageError(f"cannot read {where}: it is {utf} text (it starts with a {utf} byte order mark), not UTF-8",
+                          hint=f"convert it, e.g. iconv -f {utf} -t UTF-8")
+    return UsageError(f"cannot read {where}: it is not UTF-8 text (byte 0x{byte:02x} at offset {offset})",
+                      hint="convert it, e.g. iconv -f latin1 -t utf-8")
+
+
 def read_text(args) -> str:
     """The text of `TEXT`, `-` (standard input) or `-f FILE`, cleaned of control characters and escape sequences
     and stripped; a usage error when there is none, or when it is not UTF-8 text or holds a NUL byte."""
@@ -179,23 +197,15 @@ def read_text(args) -> str:
         except OSError as e:
             raise UsageError(f"cannot read {args.file}: {e.strerror or e}") from None
         except UnicodeDecodeError as e:
-            utf = next((name for bom, name in _BOMS if data.startswith(bom)), None)
-            if utf:
-                raise UsageError(f"cannot read {args.file}: it is {utf} text (it starts with a {utf} byte order mark), "
-                                 "not UTF-8", hint=f"convert it, e.g. iconv -f {utf} -t UTF-8") from None
-            raise UsageError(f"cannot read {args.file}: it is not UTF-8 text (byte 0x{e.object[e.start]:02x} at "
-                             f"offset {e.start})", hint="convert it, e.g. iconv -f latin1 -t utf-8") from None
+            raise _not_utf8(where, data, e.start, e.object[e.start]) from None
         if text.startswith("\ufeff"):  # a UTF-8 byte order mark
             text = text[1:]
     elif args.text == "-":
-        where = "standard input"
+        where = STDIN
         try:
             text = sys.stdin.read()
         except UnicodeDecodeError as e:
-            utf = next((name for bom, name in _BOMS if e.start < 4 and e.object.startswith(bom)), None)
-            raise UsageError(f"cannot read standard input: it is {f'{utf} text, not' if utf else 'not'} {e.encoding} "
-                             f"text (byte 0x{e.object[e.start]:02x} at offset {e.start})",
-                             hint=f"pipe it through iconv -f {utf} -t UTF-8" if utf else "pipe UTF-8 text") from None
+            raise _not_utf8(where, e.object, e.start, e.object[e.start], e.encoding) from None
     elif args.text is not None:
         where, text = "the text", args.text
     else:
@@ -205,6 +215,118 @@ def read_text(args) -> str:
     if not text:
         raise UsageError("the text is empty", hint="give some words to speak")
     return text
+
+
+# ---- text that arrives while it is spoken (a pipe, a FIFO, a terminal) -------------------------------------------
+
+# A pause this long in the input speaks the sentence begun (it may have no end mark yet): far longer than the gaps
+# between a language model's tokens, short next to a person's pause for thought; Enter ends a line at a terminal.
+IDLE_S = 0.6
+
+
+def _streamed(args) -> tuple[int, str] | None:
+    """(file descriptor, name) of input read as it arrives: `-` on a pipe, FIFO, socket or terminal, `-f` on a FIFO
+    (opened now: it waits for a writer); None for text known whole (an argument, a regular file, stdin redirected
+    from one, a stdin without a descriptor)."""
+    import os
+    import stat
+
+    if args.text == "-" and args.file is None:
+        try:
+            fd = sys.stdin.fileno()
+            return (fd, STDIN) if not stat.S_ISREG(os.fstat(fd).st_mode) else None
+        except (AttributeError, OSError, ValueError):  # a stand-in without a descriptor
+            return None
+    if args.file is None or args.text is not None:
+        return None
+    try:
+        if not stat.S_ISFIFO(os.stat(args.file).st_mode):
+            return None
+        return os.open(args.file, os.O_RDONLY), str(args.file)
+    except OSError as e:
+        raise UsageError(f"cannot read {args.file}: {e.strerror or e}") from None
+
+
+class _Cleaner:
+    """clean_text for text in pieces: an escape sequence split across pieces is held until it is whole (an OSC
+    until its terminator, as clean_text reads one), so the pieces come out as the whole text would."""
+
+    def __init__(self):
+        self.held = ""
+
+    def __call__(self, text: str, final: bool = False) -> str:
+        text, cut = self.held + text, None
+        i = max(text.rfind("\x1b"), text.rfind("\x9b"), text.rfind("\x9d"))
+        if not final and i >= 0:
+            osc = text.startswith(("\x1b]", "\x9d"), i) and not any(c in text[i:] for c in "\x07\x9c")
+            cut = i if osc or len(text) - i <= 64 else None
+        self.held = text[cut:] if cut is not None else ""
+        return _CONTROLS.sub("", _ESCAPES.sub("", text[:cut]))
+
+
+def _read_pieces(fd: int, where: str, pieces, close: bool) -> None:
+    """Reader thread: UTF-8 from `fd` into `pieces` as it comes (a character split across reads waits for its other
+    bytes), cleaned as read_text cleans; read_text's one-line errors go to the consumer through `pieces.fail`."""
+    import codecs
+    import os
+
+    decoder, clean, head, offset, chars = codecs.getincrementaldecoder("utf-8")(), _Cleaner(), b"", 0, 0
+    try:
+        while True:
+            data = os.read(fd, 65536)
+            head = head if len(head) >= 4 else (head + data)[:4]
+            try:
+                text = decoder.decode(data, final=not data)
+            except UnicodeDecodeError as e:
+                at = offset + e.start - len(e.object) + len(data)  # the decoder's buffer ends with `data`
+                raise _not_utf8(where, head, at, e.object[e.start]) from None
+            if chars == 0 and text.startswith("\ufeff"):  # a UTF-8 byte order mark
+                text, chars = text[1:], 1
+            if "\0" in text:
+                _check_no_nul(" " * chars + text, where)
+            offset, chars = offset + len(data), chars + len(text)
+            pieces.put(clean(text, final=not data))
+            if not data:
+                break
+    except OSError as e:
+        pieces.fail(UsageError(f"cannot read {where}: {e.strerror or e}"))
+    except BaseException as e:  # the consumer raises it
+        pieces.fail(e)
+    else:
+        pieces.close()
+    finally:
+        if close:
+            os.close(fd)
+
+
+def read_text_stream(args):
+    """`speak`'s text: (text, None) for text known whole (read_text); for input read as it arrives (see _streamed),
+    (the cleaned text up to its first words, or all of it at the end of input, checked as read_text checks it;
+    the pieces of the whole text, that text first, with textfeed.FLUSH after IDLE_S without input). A reader
+    thread reads ahead meanwhile."""
+    import itertools
+    import threading
+
+    from leapvox.engine.markup import strip_markup
+    from leapvox.engine.text import has_words
+    from leapvox.engine.textfeed import FLUSH, TextPieces, settled
+
+    source = _streamed(args)
+    if source is None:
+        return read_text(args), None
+    fd, where = source
+    pieces = TextPieces(idle_s=IDLE_S)
+    threading.Thread(target=_read_pieces, args=(fd, where, pieces, where != STDIN), daemon=True,
+                     name="leapvox-text-reader").start()
+    got, head, text = iter(pieces), [], ""
+    for piece in got:
+        head.append(piece)
+        text += "" if piece is FLUSH else piece
+        if has_words(strip_markup(settled(text))):  # something to say: the rest is read while the model loads
+            return settled(text), itertools.chain(head, got)
+    if not text.strip():
+        raise UsageError("the text is empty", hint="give some words to speak")
+    return text, iter(head)
 
 
 def cli_name(key: str) -> str:

@@ -24,7 +24,7 @@ from .common import (
     model_args,
     open_model,
     quiet_or,
-    read_text,
+    read_text_stream,
     require_model,
     say,
     speak_options,
@@ -268,7 +268,7 @@ def _chunking(args, model) -> dict:
 
 
 def cmd_speak(args) -> int:
-    text = read_text(args)
+    text, pieces = read_text_stream(args)  # pieces: text still arriving (a pipe, a FIFO), spoken as it comes
     _check_output(args)
     check_speak(args, text)  # "!!! ???", a bad --seed or --top-p: one line now, not after the load
     _check_codes(args)
@@ -289,8 +289,8 @@ def cmd_speak(args) -> int:
         progress = Progress(sys.stderr.isatty() and not args.quiet and player is None)
         if writer is not None:
             _output(args, writer.start, model.sample_rate)
-        for chunk in model.synthesizer().stream(text, opts, voice=voice, official_cut=not args.play,
-                                                **_chunking(args, model)):
+        synth, how = model.synthesizer(), dict(voice=voice, official_cut=not args.play, **_chunking(args, model))
+        for chunk in synth.stream(text, opts, **how) if pieces is None else synth.stream_text(pieces, opts, **how):
             if player is not None:
                 player.feed(chunk.audio, chunk.stats.xrt, chunk.stats.est_remaining_s)
             if writer is not None:

@@ -4,15 +4,17 @@ consumes the stream, so they cannot disagree.
 
 Layering: `decode_frames` (one utterance: the mode's strategies chosen once, then the mode-agnostic frame loop)
 -> `Synthesizer.frames` (prompt, guard; a Step per frame, the last with the finish reason and warnings)
--> `Synthesizer.stream` (sentences, streaming codec, crossfades; a SpeechChunk per chunk with the stats so far)
+-> `Synthesizer.stream` (sentences, streaming codec, crossfades; a SpeechChunk per chunk with the stats so far;
+   `stream_text`: the same loop over text arriving in pieces)
 -> `Synthesizer.synthesize` (the stream, joined).
 """
 
 from __future__ import annotations
 
 import contextlib
+import itertools
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -21,6 +23,8 @@ import torch
 from leapvox.engine.backend import TorchBackend
 from leapvox.engine.config import TTSConfig
 from leapvox.engine.decode import ArCodes, DecodeStats, SpecCodes, frame_loop
+from leapvox.engine.errors import InputError
+from leapvox.engine.markup import Pause, Segment, segments
 from leapvox.engine.memory import return_freed_memory
 from leapvox.engine.nets.talker import Talker, TTSModel
 from leapvox.engine.options import SynthesisOptions, check_text, guard_frames, validate
@@ -43,10 +47,10 @@ from leapvox.engine.streaming import (
     SpeechChunk,
     StreamingCodec,
     StreamStats,
-    audio_estimate,
     total_estimate,
 )
-from leapvox.engine.text import script_warnings, split_sentences
+from leapvox.engine.text import estimate_audio_s, script_warnings
+from leapvox.engine.textfeed import FLUSH, TextFeed
 
 
 @dataclass
@@ -244,10 +248,11 @@ class Synthesizer:
     ) -> Iterator[SpeechChunk]:
         """Speak `text` as a stream of SpeechChunks, checking `cancelled()` after every frame.
 
-        Sentences (text.split_sentences; `split=False`: the whole text as one) are spoken in order with one
-        random stream, one speaker and one set of options; the runaway guard applies to each. Chunks grow from
-        `first_chunk` to `max_chunk` frames. The codec decodes with the official 300/25 chunking, so for one
-        sentence the concatenated audio equals `decode(generate_codes(...))` bit for bit. Memory stays bounded
+        Sentences and pauses (markup.segments: a pause is silence, crossfaded in and out; `split=False`: the whole
+        text as one sentence) are spoken in order with one random stream, one speaker and one set of options; the
+        runaway guard applies to each. Chunks grow from `first_chunk` to `max_chunk` frames. The codec decodes with
+        the official 300/25 chunking, so for one sentence the concatenated audio equals `decode(generate_codes(...))`
+        bit for bit. Memory stays bounded
         whatever the text's length: one sentence's frames at a time. Every chunk carries the stats so far; the last
         one also the finish reason (`final`).
 
@@ -258,37 +263,98 @@ class Synthesizer:
         `official_cut` each sentence's audio is held until its last frame and then starts where the official cut
         falls (as `decode`); without it audio leaves as it is decoded, from the frame boundary."""
         opts = validate(opts, self.cfg, voice)
-        check_text(text)  # empty, or nothing to say ("!!! ???")
-        sentences = split_sentences(text) if split else [" ".join(text.split())]
-        sr, t0, est, spoken = self.sample_rate, time.perf_counter(), audio_estimate(sentences), 0.0
+        check_text(text)  # empty, a malformed pause tag, or nothing to say ("!!! ???")
+        said = segments(text) if split else [" ".join(text.split())]
+        yield from self._speak(iter(said), said, opts, first_chunk=first_chunk, max_chunk=max_chunk,
+                               crossfade_s=crossfade_s, cancelled=cancelled, voice=voice, official_cut=official_cut)
+
+    def stream_text(self, pieces: Iterable[str | object], opts: SynthesisOptions,
+                    **stream_args) -> Iterator[SpeechChunk]:
+        """Speak text that arrives in pieces (a pipe, an LLM's tokens): `stream`'s chunks, each sentence spoken as
+        soon as it is sure (textfeed.TextFeed: a sentence end and the next word, a paragraph break, a closed pause
+        tag; a `textfeed.FLUSH` piece, the producer pausing, speaks the open sentence as it stands), pulling pieces
+        only when the previous sentence is spoken. The same text given whole or in any pieces gives the same
+        segments, so, flushes aside, the same samples as `stream(text)` for a seed. `pieces`: any iterable of str
+        (and FLUSH), e.g. a `textfeed.TextPieces` that other threads (an event loop) put text into. The statistics'
+        sentence count, audio estimate and script warnings cover the text arrived so far. Keywords: `stream`'s,
+        `split` aside. A text without anything to say is an InputError once the pieces end."""
+        opts = validate(opts, self.cfg, stream_args.get("voice"))
+        arrived: list[Segment] = []
+
+        def pull() -> Iterator[Segment]:
+            feed = TextFeed()
+            for piece in itertools.chain(pieces, [None]):  # lazily: a piece is read when a sentence is wanted
+                new = feed.close() if piece is None else feed.flush() if piece is FLUSH else feed.feed(piece)
+                arrived.extend(new)
+                yield from new
+
+        yield from self._speak(pull(), arrived, opts, **stream_args)
+
+    def _speak(
+        self,
+        segs: Iterator[Segment],
+        arrived: list[Segment],
+        opts: SynthesisOptions,
+        *,
+        first_chunk: int = FIRST_CHUNK_FRAMES,
+        max_chunk: int = MAX_CHUNK_FRAMES,
+        crossfade_s: float = CROSSFADE_S,
+        cancelled: Callable[[], bool] | None = None,
+        voice: ClonedVoice | None = None,
+        official_cut: bool = False,
+    ) -> Iterator[SpeechChunk]:
+        """The one sentence loop behind `stream` and `stream_text`: `segs` (sentences and pauses, pulled one at a
+        time) spoken in order, with one random stream and one set of options; `arrived`, the segments known so far
+        (it may grow while `segs` is pulled), sizes the statistics."""
+        sr, t0, spoken, finished = self.sample_rate, time.perf_counter(), 0.0, 0
         generator = make_generator(opts.seed) if opts.talker.do_sample or opts.predictor.do_sample else None
         codec = self.codec.stream(official_chunking=True)
         ref = self._prime(codec, voice) if voice is not None and voice.icl else None
         start, joiner, size = codec.state(), Joiner(int(round(crossfade_s * sr))), first_chunk
-        per_frame, warnings = self.cfg.talker.num_code_groups - 1, script_warnings(text, self.cfg.languages)
-        done = stats = StreamStats(opts.mode, sentences=len(sentences), warnings=warnings)
-        for index, sentence in enumerate(sentences):
+        per_frame, index, empty = self.cfg.talker.num_code_groups - 1, -1, torch.zeros((0, 16), dtype=torch.long)
+        known, est, text_warnings = 0, [0.0], ()  # arrived[:known] are in `est` and the warnings
+        done = stats = StreamStats(opts.mode)
+        for seg in segs:
+            if known < len(arrived):  # new text: the estimate, the sentence count and the script warnings grow
+                for x in arrived[known:]:
+                    est.append(est[-1] + (x.seconds if isinstance(x, Pause) else estimate_audio_s(x)))
+                known, sentences = len(arrived), [x for x in arrived if not isinstance(x, Pause)]
+                new = tuple(w for w in script_warnings(" ".join(sentences), self.cfg.languages)
+                            if w not in text_warnings)
+                text_warnings += new
+                done = replace(done, sentences=len(sentences), warnings=done.warnings + new)
+            if isinstance(seg, Pause):  # silence, joined as a sentence is (crossfaded: no click)
+                silence = np.zeros(int(round(seg.seconds * sr)), np.float32)
+                out, spoken, finished = joiner.add(silence), spoken + len(silence) / sr, finished + 1
+                joiner.end_sentence()
+                stats = done = done.handed_out(stats, len(out), sr, time.perf_counter() - t0,
+                                               total_estimate(est, finished, spoken))
+                yield SpeechChunk(out, sr, empty, max(index, 0), stats)
+                continue
+            index += 1
             codec.restore(start)  # fresh, or primed with the voice's reference
-            steps = self.frames(sentence, opts, generator, voice)
+            steps = self.frames(seg, opts, generator, voice)
             decoded = 0  # the sentence's samples
             for codes, audio, step, codec_s, grown in self._chunks(steps, codec, size, max_chunk, cancelled,
                                                                    ref if official_cut else None):
                 out, decoded, size = joiner.add(audio), decoded + len(audio), grown  # chunks grow across sentences
                 now = done.plus(step.stats, codec_s, per_frame, sentence=index + 1,
                                 warnings=done.warnings + step.warnings)  # done: the finished sentences' totals
-                total = total_estimate(est, len(done.stop_reasons), spoken)
+                total = total_estimate(est, finished, spoken)
                 stats = now.handed_out(stats, len(out), sr, time.perf_counter() - t0, total)
                 if len(codes) or len(audio):  # else the last step, after a full chunk: its stats alone
                     yield SpeechChunk(out, sr, codes, index, stats)
-            spoken += decoded / sr
+            spoken, finished = spoken + decoded / sr, finished + 1
             done = replace(stats, stop_reasons=stats.stop_reasons + (step.finish_reason,))
             joiner.end_sentence()
             if step.finish_reason == "cancelled":
                 break
+        if index < 0:
+            raise InputError("there is no text to speak", hint="give some words, e.g. leapvox speak \"Hello\"")
         out = joiner.flush()
-        total = total_estimate(est, len(done.stop_reasons), spoken)
+        total = total_estimate(est, finished, spoken)
         stats = done.handed_out(done, len(out), sr, time.perf_counter() - t0, total)
-        yield SpeechChunk(out, sr, torch.zeros((0, 16), dtype=torch.long), index, stats, stats.stop_reason)
+        yield SpeechChunk(out, sr, empty, index, stats, stats.stop_reason)
 
     def _prime(self, codec: DecoderStream, voice: ClonedVoice) -> tuple[int, np.ndarray]:
         """Decode an ICL voice's reference codes into `codec` (the speech then continues their signal); the reference's

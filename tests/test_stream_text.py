@@ -1,0 +1,220 @@
+"""Text that arrives while it is spoken (#40): the incremental segmenter against markup.segments, stream_text against
+stream, and `speak -` / `speak -f FIFO` reading real pipes as they are written."""
+
+from __future__ import annotations
+
+import functools
+import os
+import subprocess
+import sys
+import threading
+from dataclasses import replace
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from leapvox.engine.errors import InputError
+from leapvox.engine.markup import Pause, segments
+from leapvox.engine.textfeed import FLUSH, TextFeed, TextPieces
+
+from .conftest import FIXTURES
+
+TINY = FIXTURES / "tiny-0b6"
+
+# ---- TextFeed: any cutting of a text gives the whole text's segments ------------------------------------------
+
+# words, marks and markup that decide where sentences end: abbreviations, initials, lowercase after a full stop,
+# CJK marks without a space, closing quotes, pause tags (whole, cut, malformed), paragraph breaks
+_BITS = ["Hello", "world", "the", "Dr", "e.g", "x", "3.14", "i", " ", "  ", "\n", "\n\n", " \n \n", ".", ". ", "! ",
+         "? ", "...", "\u2026 ", "\u3002", "\u4f60\u597d", "\u300d", '"', "\u201c", ")", ",", "[pause 1s]",
+         "[pause 200ms]", "[ Pause 0.5s ]", "[pause", "]", "[pa", "[pause x]", "[", "Mr. ", "Caf\u00e9"]
+texts = st.lists(st.sampled_from(_BITS), max_size=24).map("".join)
+
+
+def fed(pieces, max_chars=300):
+    feed, out = TextFeed(max_chars), []
+    for p in pieces:
+        out += feed.flush() if p is FLUSH else feed.feed(p)
+    return out + feed.close()
+
+
+def outcome(f, *a):
+    try:
+        return f(*a)
+    except InputError as e:
+        return str(e)  # a malformed tag: the same message, at the same character
+
+
+@settings(max_examples=400, deadline=None)
+@given(texts, st.lists(st.integers(0, 400)), st.sampled_from([300, 12]))
+def test_any_cutting_gives_the_segments_of_the_whole_text(text, cuts, max_chars):
+    at = sorted({c % (len(text) + 1) for c in cuts})
+    pieces = [text[a:b] for a, b in zip([0, *at], [*at, len(text)], strict=True)]
+    assert outcome(fed, pieces, max_chars) == outcome(segments, text, max_chars)
+
+
+def test_a_sentence_is_handed_out_once_the_next_one_starts():
+    feed = TextFeed()
+    assert feed.feed("Hello there.") == [] and feed.feed(" ") == []  # "Hello there. e.g." would not end there
+    assert feed.feed("Dr") == ["Hello there."]
+    assert feed.feed(". Smith is here. [pause 1s]") == ["Dr. Smith is here."]
+    assert feed.feed(" ") == []  # the pause waits for what follows: pauses next to each other add up
+    assert feed.feed("[pause 500ms]\n\nBye") == []
+    assert feed.feed(" now") == [] and feed.flush() == [Pause(1.5 + 0.35), "Bye now"]  # the producer paused
+    assert feed.feed("\n\nEnd") == [] and feed.close() == [Pause(0.35), "End"]
+
+
+def test_a_paragraph_break_ends_a_sentence_without_a_mark():
+    feed = TextFeed()
+    assert feed.feed("A heading\n") == [] and feed.feed("\n") == ["A heading"]
+
+
+def test_text_pieces_from_another_thread_flush_when_the_producer_pauses():
+    pieces, release = TextPieces(idle_s=0.05), threading.Event()
+
+    def produce():
+        pieces.put("Hello there")  # no end mark: spoken after the idle pause
+        release.wait(30)
+        pieces.put(" and bye.")
+        pieces.close()
+
+    threading.Thread(target=produce, daemon=True).start()
+    got = []
+    for p in pieces:
+        got.append(p)
+        if p is FLUSH:
+            release.set()
+    assert got == ["Hello there", FLUSH, " and bye."]
+    assert fed(got) == ["Hello there", "and bye."]
+
+
+def test_a_failing_producer_raises_in_the_consumer():
+    pieces = TextPieces()
+    pieces.put("Hi.")
+    pieces.fail(InputError("cannot read it"))
+    with pytest.raises(InputError, match="cannot read it"):
+        list(pieces)
+
+
+# ---- stream_text: the same samples as the whole text ---------------------------------------------------------
+
+
+@functools.cache
+def demo():
+    from leapvox.models.load import load_model
+
+    return load_model("demo", weights="fp32")
+
+
+def test_streamed_pieces_give_the_samples_of_the_whole_text():
+    """Sentence level: the same sentences streamed in pieces (cut inside words, marks and a pause tag) or given
+    whole give the same samples and codes for a seed: one random stream, one codec state per sentence, the same
+    joins; the pause is silence between them."""
+    model = demo()
+    opts = replace(model.defaults, seed=7, max_frames=6)
+    text = "Hello there. Dr. Smith [pause 500ms] is here!"
+    whole = list(model.synthesizer().stream(text, opts))
+    cuts = ["Hel", "lo there", ". Dr", ". Smith [pa", "use 50", "0ms] is", " here!"]
+    streamed = list(model.synthesizer().stream_text(iter(cuts), opts))
+    join = lambda cs, f: np.concatenate([f(c) for c in cs])  # noqa: E731
+    assert np.array_equal(join(streamed, lambda c: c.audio), join(whole, lambda c: c.audio))
+    assert np.array_equal(join(streamed, lambda c: c.codes), join(whole, lambda c: c.codes))
+    assert streamed[-1].stats.sentences == whole[-1].stats.sentences == 3
+    assert streamed[-1].stats.stop_reasons == whole[-1].stats.stop_reasons
+    audio = join(whole, lambda c: c.audio)
+    runs = np.diff(np.flatnonzero(np.concatenate([[1], audio != 0, [1]])))  # gaps between non-zero samples
+    assert runs.max() - 1 >= 0.5 * 24000 - 2 * 0.015 * 24000  # the pause, less the crossfades into and out of it
+
+
+def test_a_text_with_nothing_to_say_is_an_input_error_once_the_pieces_end():
+    model = demo()
+    with pytest.raises(InputError, match="no text"):
+        list(model.synthesizer().stream_text(iter(["!!! ", "[pause 1s]"]), model.defaults))
+
+
+# ---- speak - and speak -f FIFO: real pipes, written while speak runs -----------------------------------------
+
+SPEAK = [sys.executable, "-m", "leapvox.app.cli", "speak", "-o", "-", "--model", str(TINY), "--max-frames", "3",
+         "--greedy"]
+HEADER = 44  # a streaming WAV header
+TWO_SENTENCES = (2 * 3 * 1920 - 360) * 2  # bytes: two sentences of 3 frames joined by a 15 ms crossfade, 16 bits
+
+
+def _read_audio_then_finish(proc, write, finish) -> tuple[bytes, bytes]:
+    """Wait until audio samples (past the WAV header) come out of `proc`'s stdout, then `finish()` the input; the
+    whole stdout and stderr. The second part of the text is written only after audio came: if speak waited for the
+    end of its input, this would wait forever (the guard below is for a hang, not a speed limit)."""
+    out, got = bytearray(), threading.Event()
+
+    def reader():
+        while chunk := proc.stdout.read1(4096):
+            out.extend(chunk)
+            if len(out) > HEADER:
+                got.set()
+        got.set()
+
+    threading.Thread(target=reader, daemon=True).start()
+    write()
+    assert got.wait(600), "no audio before the end of the input"
+    assert len(out) > HEADER and proc.poll() is None  # audio out, and speak still running: still reading the input
+    finish()
+    err = proc.stderr.read()
+    assert proc.wait(120) == 0, err.decode()
+    return bytes(out), err
+
+
+def test_speak_from_a_pipe_speaks_the_first_sentence_before_the_second_is_written():
+    proc = subprocess.Popen([*SPEAK[:4], "-", *SPEAK[4:]], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)
+
+    def write(text):
+        proc.stdin.write(text.encode())
+        proc.stdin.flush()
+
+    def finish():
+        write("And a tail without an end mark")  # closed mid-sentence: still spoken
+        proc.stdin.close()
+
+    out, err = _read_audio_then_finish(proc, lambda: write("Hello there. "), finish)
+    assert out[:4] == b"RIFF" and b"2 sentence(s)" in err
+    assert len(out) - HEADER == TWO_SENTENCES
+
+
+def test_speak_from_a_fifo(tmp_path):
+    fifo = tmp_path / "text"
+    os.mkfifo(fifo)
+    proc = subprocess.Popen([*SPEAK[:4], "-f", str(fifo), *SPEAK[4:]], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    with open(fifo, "w") as w:  # opens once speak has opened it for reading
+        def write(text):
+            w.write(text)
+            w.flush()
+
+        out, err = _read_audio_then_finish(proc, lambda: write("Hello there. "), lambda: (write("Bye."), w.close()))
+    assert b"2 sentence(s)" in err and len(out) - HEADER == TWO_SENTENCES
+
+
+@pytest.mark.parametrize("data, needle", [
+    (b"Caf\xe9 au lait.", "it is not utf-8 text (byte 0xe9 at offset 3)"),
+    ("Hi.".encode("utf-16"), "it is UTF-16 text, not utf-8 text"),
+    (b"Hi.\0", "standard input contains a NUL byte (at character 3)"),
+    (b"", "the text is empty"),
+    (b"Hi [pause 5", "unclosed pause tag '[pause 5' at character 4"),
+])
+def test_a_pipe_with_no_text_is_one_line(data, needle):
+    """Before the load where the input ends before its first words; an open tag after them at the end of input."""
+    proc = subprocess.run([*SPEAK[:4], "-", *SPEAK[4:]], input=data, capture_output=True, timeout=120)
+    err = proc.stderr.decode()
+    assert proc.returncode == 2 and needle in err and len(err.strip().splitlines()) == 1, err
+    assert proc.stdout == (b"" if "pause" not in needle else proc.stdout[:HEADER])  # no audio
+
+
+def test_the_reader_joins_characters_and_escapes_split_across_reads(monkeypatch):
+    from leapvox.app.common import _read_pieces
+
+    reads = iter([b"Caf\xc3", b"\xa9 \x1b[3", b"1mred\x1b", b"[0m.\x07", b""])  # a character and escapes cut in two
+    monkeypatch.setattr(os, "read", lambda fd, n: next(reads))
+    pieces = TextPieces()
+    _read_pieces(0, "standard input", pieces, False)
+    assert "".join(pieces) == "Caf\u00e9 red."
