@@ -24,6 +24,7 @@ COMMANDS = {
     "voices": ("leapvox.app.voices", "cloned voices of a Base model: add from a clip, list, show, remove"),
     "tui": ("leapvox.app.tui.command", "interactive window: type, speak, live speed readouts, history"),
     "serve": ("leapvox.app.serve", "a local speech server speaking OpenAI's audio API (POST /v1/audio/speech)"),
+    "batch": ("leapvox.app.batch", "many items (JSONL, CSV, lines, chapters) to files, resumable, locally or on Ray"),
     "compare": ("leapvox.app.compare", "speak one text through every decoding mode; table, WAVs, JSON (and a plot)"),
     "models": ("leapvox.app.manage", "list, download, check and remove models (Hugging Face cache)"),
     "paths": ("leapvox.app.manage", "where leapvox and the Hugging Face cache keep files"),
