@@ -247,7 +247,7 @@ def _streamed(args) -> tuple[int, str] | None:
         raise UsageError(f"cannot read {args.file}: {e.strerror or e}") from None
 
 
-class _Cleaner:
+class PieceCleaner:
     """clean_text for text in pieces: an escape sequence split across pieces is held until it is whole (an OSC
     until its terminator, as clean_text reads one), so the pieces come out as the whole text would."""
 
@@ -270,7 +270,7 @@ def _read_pieces(fd: int, where: str, pieces, close: bool) -> None:
     import codecs
     import os
 
-    decoder, clean, head, offset, chars = codecs.getincrementaldecoder("utf-8")(), _Cleaner(), b"", 0, 0
+    decoder, clean, head, offset, chars = codecs.getincrementaldecoder("utf-8")(), PieceCleaner(), b"", 0, 0
     try:
         while True:
             data = os.read(fd, 65536)

@@ -1,5 +1,6 @@
 """`leapvox serve`: a local speech server speaking OpenAI's audio API (`POST /v1/audio/speech`, `GET /v1/models`,
-`GET /v1/audio/voices`, `GET /health`) over the one synthesis stream, on Starlette + uvicorn.
+`GET /v1/audio/voices`, `GET /health`) over the one synthesis stream, on Starlette + uvicorn; and a WebSocket that
+speaks text as it arrives (`/v1/audio/speech/stream`, serve_stream.py).
 
 One model, loaded once; one worker thread synthesises one request at a time from a bounded queue (serve_queue.py).
 Audio goes out as it is produced (chunked; WAV with a streaming header). A client that disconnects stops its
@@ -12,7 +13,7 @@ import argparse
 import asyncio
 import contextlib
 import copy
-import ipaddress
+import importlib.util
 import json
 import logging
 import os
@@ -25,7 +26,16 @@ from types import SimpleNamespace
 from leapvox.engine.errors import LeapvoxError
 
 from .common import EXIT_OK, UsageError, backend_args, load, model_args, quiet_or, require_model, tell
-from .serve_request import ApiError, Settings, api_error_of, check_key, parse_speech, read_body, saved_voices
+from .serve_request import (
+    ApiError,
+    Settings,
+    api_error_of,
+    check_key,
+    is_loopback,
+    parse_speech,
+    read_body,
+    saved_voices,
+)
 
 DEFAULT_PORT = 8880
 KEY_ENV = "LEAPVOX_API_KEY"
@@ -37,8 +47,9 @@ def add_commands(sub) -> None:
         "serve", help="a local speech server speaking OpenAI's audio API (POST /v1/audio/speech), streaming",
         description="Serve one model over HTTP in OpenAI's audio API shape: POST /v1/audio/speech (wav, pcm and "
         "opus stream as they are produced; flac and mp3 are sent when synthesis ends), GET /v1/models, "
-        "GET /v1/audio/voices, GET /health. One request is synthesised at a time; others wait in a bounded queue "
-        "(429 with Retry-After when it is full).",
+        "GET /v1/audio/voices, GET /health; and WS /v1/audio/speech/stream, text in as it is written (an LLM's "
+        "deltas), audio out sentence by sentence (the protocol: README, or app/serve_stream.py). One request is "
+        "synthesised at a time; others wait in a bounded queue (429 with Retry-After when it is full).",
         epilog="examples:\n  leapvox serve\n"
         "  LEAPVOX_API_KEY=secret leapvox serve --host 0.0.0.0 --model qwen3-tts-0.6b\n"
         "  curl localhost:8880/v1/audio/speech -d '{\"model\": \"demo\", \"input\": \"Hello.\", "
@@ -56,24 +67,17 @@ def add_commands(sub) -> None:
                    help=f"require 'Authorization: Bearer KEY' on /v1 (default ${KEY_ENV}; the variable keeps the key "
                    "out of the process list)")
     s.add_argument("--queue", type=int, default=8, metavar="N",
-                   help="requests that may wait while one is synthesised; more get 429 (default 8)")
+                   help="requests that may wait while one is synthesised; more get 429 (default 8); at most N + 1 "
+                   "speech streams are open")
     s.add_argument("--max-input", type=int, default=4096, metavar="CHARS",
-                   help="longest input (and instructions) in characters; longer gets 413 (default 4096, as OpenAI)")
+                   help="longest input (and instructions) in characters, and the most one speech stream may send; "
+                   "longer gets 413 (default 4096, as OpenAI)")
     s.add_argument("--max-frames", type=int,
                    help="stop each sentence after N frames of 80 ms (the runaway guard applies as well)")
     s.add_argument("--grace", type=float, default=10.0, metavar="S",
                    help="on SIGINT/SIGTERM, seconds to let running requests finish before cutting them (default 10)")
     s.add_argument("--log-text", action="store_true", help="write each request's text to the log (off by default)")
     s.set_defaults(func=cmd_serve)
-
-
-def is_loopback(host: str) -> bool:
-    if host.lower() == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
 
 
 def check_serve_args(args) -> None:
@@ -186,14 +190,15 @@ def build_app(model, settings: Settings, log: logging.Logger | None = None):
     from starlette.applications import Starlette
     from starlette.exceptions import HTTPException
     from starlette.responses import JSONResponse
-    from starlette.routing import Route
+    from starlette.routing import Route, WebSocketRoute
 
     from .audio import Encoder, supported_formats
     from .serve_queue import Job, QueueFull, ShuttingDown, SpeechQueue
 
     log = log or logging.getLogger("leapvox.serve")
     formats = supported_formats()
-    state = SimpleNamespace(queue=None, responses=set())  # responses: SpeechResponses being sent
+    # being sent: SpeechResponses, SpeechStreams; the longest WebSocket message
+    state = SimpleNamespace(queue=None, responses=set(), streams=set(), max_message=settings.max_body)
     cfg = model.config
 
     def guarded(handler):
@@ -209,7 +214,8 @@ def build_app(model, settings: Settings, log: logging.Logger | None = None):
         q = state.queue
         return JSONResponse({"status": "ok", "model": settings.model_id, "weights": model.weights,
                              "backend": model.backend_name, "busy": q.busy, "queue_depth": q.waiting,
-                             "queue_limit": q.max_waiting, **vars(q.counters), "last": q.last})
+                             "queue_limit": q.max_waiting, "streams": len(state.streams), **vars(q.counters),
+                             "last": q.last})
 
     async def models(request):
         return JSONResponse({"object": "list", "data": [_model_card(settings)]})
@@ -250,6 +256,11 @@ def build_app(model, settings: Settings, log: logging.Logger | None = None):
                    "X-Sample-Rate": str(model.sample_rate)}
         return SpeechResponse(job, items, headers, log, state.responses)
 
+    async def speech_stream(ws):
+        from .serve_stream import open_stream
+
+        await open_stream(ws, state, model, settings, log)
+
     async def http_error(request, exc: HTTPException):
         return ApiError(exc.status_code, f"{request.method} {request.url.path}: {exc.detail}",
                         code="not_found" if exc.status_code == 404 else None).response()
@@ -272,6 +283,7 @@ def build_app(model, settings: Settings, log: logging.Logger | None = None):
         Route("/v1/models/{name:path}", guarded(one_model)),
         Route("/v1/audio/voices", guarded(voices)),
         Route("/v1/audio/speech", guarded(speech), methods=["POST"]),
+        WebSocketRoute("/v1/audio/speech/stream", speech_stream),
     ]
     app = Starlette(routes=routes, lifespan=lifespan,
                     exception_handlers={HTTPException: http_error, Exception: internal_error})
@@ -295,11 +307,15 @@ def make_logger() -> logging.Logger:
 
 
 def listen(host: str, port: int):
-    """The listening socket, bound before the model loads so that a taken port fails first."""
+    """The listening socket, bound before the model loads so that a taken port fails first. Its protocol is said to
+    be TCP, so that asyncio sets TCP_NODELAY on each connection (it does only where the socket's proto says so, and
+    create_server leaves it 0): without it, a message written right after another one (an event, then audio) waited
+    for the client's delayed ACK, about 40 ms."""
     import socket
 
     try:
-        return socket.create_server((host.strip("[]"), port), backlog=128)
+        sock = socket.create_server((host.strip("[]"), port), backlog=128)
+        return socket.socket(sock.family, sock.type, socket.IPPROTO_TCP, fileno=sock.detach())
     except OSError as e:
         raise LeapvoxError(f"cannot listen on {host}:{port}: {e.strerror or e}",
                            hint="pick another --port (0 picks a free one)" if port else None) from None
@@ -341,6 +357,9 @@ def cmd_serve(args) -> int:
         url = f"http://{f'[{host}]' if ':' in host else host}:{port}/v1"
         tell(f"serving {settings.model_id} ({model.weights}, {model.backend_name}) at {url} (queue {args.queue}, "
              f"API key {'required' if args.api_key else 'off'}; Ctrl-C stops)")
+        if not any(importlib.util.find_spec(name) for name in ("websockets", "wsproto")):
+            tell("the speech stream (WS /v1/audio/speech/stream) is off: uvicorn needs websockets "
+                 '(pip install "leapvox[serve]")')
         server = make_server(app, args.grace)
         server.run(sockets=[sock])
     finally:
@@ -359,7 +378,9 @@ def make_server(app, grace: float):
     """A uvicorn server for `app` whose SIGINT/SIGTERM is a graceful stop: waiting requests get 503 at once, running
     ones have `grace` seconds to finish, then their streams are ended where they are (complete responses, the audio
     cut short, each named in the log); then `run` returns (uvicorn itself would re-raise the signal afterwards,
-    inside its event loop). A second Ctrl-C stops at once."""
+    inside its event loop). A second Ctrl-C stops at once. Speech streams (WebSockets) are closed at once with 1012
+    (service restart), their synthesis stopped. WebSocket messages are capped as request bodies are, and not
+    compressed (PCM hardly compresses, and zlib would take CPU from the synthesis)."""
     import uvicorn
 
     class Server(uvicorn.Server):
@@ -391,5 +412,6 @@ def make_server(app, grace: float):
     log_config = copy.deepcopy(uvicorn.config.LOGGING_CONFIG)
     log_config["handlers"]["access"]["stream"] = "ext://sys.stderr"  # messages on stderr, like every command
     config = uvicorn.Config(app, timeout_graceful_shutdown=grace + CUT_S, server_header=False, log_level="info",
-                            log_config=log_config, lifespan="on")
+                            log_config=log_config, lifespan="on", ws_max_size=app.state.leapvox.max_message,
+                            ws_per_message_deflate=False)
     return Server(config)

@@ -12,7 +12,7 @@ import math
 import queue
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from .audio import Encoder
@@ -36,15 +36,18 @@ class ShuttingDown(Exception):
 @dataclass
 class Job:
     """One request's synthesis. `deliver` is called from the worker thread with ("data", bytes), then ("end",
-    StreamStats or None) or ("error", exception); it must be thread-safe and must not block."""
+    StreamStats or None) or ("error", exception); it must be thread-safe and must not block. A speech stream's turn
+    (`events`) has pieces of text for `text` (Synthesizer.stream_text), gets ("chunk", (SpeechChunk, bytes)) in
+    place of ("data", bytes), and an "end" however it ends (cancelled, or skipped, too)."""
 
-    text: str
+    text: str | Iterable  # the text, or a speech stream's pieces
     opts: object  # SynthesisOptions
     encoder: Encoder
     deliver: Callable[[tuple], None]
     summary: str = ""  # for the log: voice, format, length (the text itself only with --log-text)
     voice: object = None  # a Base model's cloned voice (engine ClonedVoice), else None: a built-in speaker
     cancelled: threading.Event = field(default_factory=threading.Event)
+    events: bool = False
 
     def cancel(self) -> None:
         self.cancelled.set()
@@ -81,6 +84,10 @@ class SpeechQueue:
     def busy(self) -> bool:
         """Work in hand: a job running, taken, or waiting (a job counts until its bookkeeping is done)."""
         return self.jobs.unfinished_tasks > 0
+
+    @property
+    def closing(self) -> bool:
+        return self._closing
 
     def submit(self, job: Job) -> None:
         """Queue `job`, or raise QueueFull when `max_waiting` jobs are already waiting (or the server is closing)."""
@@ -127,6 +134,8 @@ class SpeechQueue:
             try:
                 if job.cancelled.is_set():
                     self.counters.cancelled += 1
+                    if job.events:
+                        _safe(job.deliver, ("end", None))
                 else:
                     self._synthesize(job)
             finally:
@@ -136,17 +145,22 @@ class SpeechQueue:
     def _synthesize(self, job: Job) -> None:
         t0, stats, outcome = time.perf_counter(), None, "completed"
         cloned = {} if job.voice is None else {"voice": job.voice}
-        stream = self.synth.stream(job.text, job.opts, cancelled=job.cancelled.is_set, **cloned)
+        speak = self.synth.stream_text if job.events else self.synth.stream
+        stream = speak(job.text, job.opts, cancelled=job.cancelled.is_set, **cloned)
         try:
             for chunk in stream:
                 stats = chunk.stats
                 if job.cancelled.is_set():
                     break
                 data = job.encoder.audio(chunk.audio)
-                if data:
+                if job.events:
+                    job.deliver(("chunk", (chunk, data)))
+                elif data:
                     job.deliver(("data", data))
             if job.cancelled.is_set():
                 outcome = "cancelled"
+                if job.events:
+                    _safe(job.deliver, ("end", stats))
             else:
                 tail = job.encoder.end()
                 if tail:

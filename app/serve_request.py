@@ -4,6 +4,7 @@ request's validation into the options `leapvox speak` would use. No I/O beyond r
 from __future__ import annotations
 
 import hmac
+import ipaddress
 import logging
 from dataclasses import dataclass
 
@@ -14,6 +15,7 @@ from .common import clean_text
 
 SPEECH_FIELDS = {"model", "input", "voice", "response_format", "speed", "instructions", "stream_format",
                  "mode", "seed", "language"}  # the last three are leapvox's own
+STREAM_FIELDS = SPEECH_FIELDS - {"input"} | {"type"}  # a speech stream's settings message
 _FIELDS = {"text": "input", "instruct": "instructions", "speaker": "voice"}  # option -> the request's field
 _CODES = {"language": "unsupported_language"}  # a bad field's error code, OpenAI's style
 
@@ -57,10 +59,18 @@ class ApiError(Exception):
         return JSONResponse(body, self.status, headers=self.headers)
 
 
+KEY_PROTOCOL = "bearer."  # a WebSocket subprotocol "bearer.KEY": the key of a browser, which cannot set headers
+
+
 def check_key(settings: Settings, request) -> None:
+    """The API key, in constant time: 'Authorization: Bearer KEY', or on a WebSocket the subprotocol 'bearer.KEY'
+    (never a query parameter: URLs end up in logs)."""
     if settings.api_key is None:
         return
     scheme, _, token = request.headers.get("authorization", "").partition(" ")
+    if scheme.lower() != "bearer" and request.scope["type"] == "websocket":
+        offered = [p[len(KEY_PROTOCOL):] for p in request.scope.get("subprotocols", ()) if p.startswith(KEY_PROTOCOL)]
+        scheme, token = "bearer", (offered or [""])[0]
     if not (scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), settings.api_key.encode())):
         raise ApiError(401, "incorrect or missing API key: send 'Authorization: Bearer KEY'", code="invalid_api_key",
                        headers={"WWW-Authenticate": "Bearer"})
@@ -149,18 +159,33 @@ def parse_speech(req, model, settings: Settings, formats: list[str]):
     ApiError for anything wrong, before any work, by the rules `leapvox speak` checks its flags and text with
     (engine.options), each field named as the request spells it; a field that will have no effect is a warning in
     the log."""
+    return _parsed(req, model, settings, formats, stream=False)
+
+
+def parse_stream_settings(req, model, settings: Settings, formats: list[str]):
+    """A speech stream's first message -> (None, options, format, cloned voice or None), by the same rules: the
+    speech request's fields less `input` (the text comes in pieces after it), and an optional "type": "settings"."""
+    if isinstance(req, dict) and req.get("type", "settings") != "settings":
+        raise ApiError(400, "the first message of a speech stream must be its settings", "type", "settings_expected")
+    if isinstance(req, dict) and "input" in req:
+        raise ApiError(400, 'a speech stream takes its text in {"type": "text", "text": ...} messages, not as '
+                       "'input'", "input", "unknown_parameter")
+    return _parsed(req, model, settings, formats, stream=True)
+
+
+def _parsed(req, model, settings: Settings, formats: list[str], stream: bool):
     try:
-        return _parse_speech(req, model, settings, formats)
+        return _parse_speech(req, model, settings, formats, stream)
     except OptionError as e:
         raise ApiError(400, f"{e}" + (f"; {e.hint}" if e.hint else ""), e.param, _CODES.get(e.param)) from None
     except InputError as e:
         raise ApiError(400, str(e)) from None
 
 
-def _parse_speech(req, model, settings: Settings, formats: list[str]):
+def _parse_speech(req, model, settings: Settings, formats: list[str], stream: bool):
     if not isinstance(req, dict):
         raise ApiError(400, "the request body must be a JSON object")
-    unknown = sorted(set(req) - SPEECH_FIELDS)
+    unknown = sorted(set(req) - (STREAM_FIELDS if stream else SPEECH_FIELDS))
     if unknown:
         raise ApiError(400, f"unrecognized request argument: {unknown[0]!r}", unknown[0], "unknown_parameter")
     name = req.get("model")
@@ -170,7 +195,7 @@ def _parse_speech(req, model, settings: Settings, formats: list[str]):
     if name != settings.model_id:
         raise ApiError(404, f"the model {name[:60]!r} is not served here; this server has {settings.model_id!r}",
                        "model", "model_not_found")
-    text = _text(req, "input", settings.max_input, required=True)
+    text = None if stream else _text(req, "input", settings.max_input, required=True)
     instructions = _text(req, "instructions", settings.max_input, required=False)
     cfg = model.config
     speaker, voice = _voice(req["voice"], model) if req.get("voice") is not None else (None, None)
@@ -199,3 +224,12 @@ def api_error_of(e: Exception) -> ApiError:
     if isinstance(e, LeapvoxError):
         return ApiError(500, str(e), type="server_error")
     return ApiError(500, "internal error while synthesising (see the server's log)", type="server_error")
+
+
+def is_loopback(host: str) -> bool:
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False

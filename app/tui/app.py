@@ -1,11 +1,14 @@
-"""The leapvox TUI: type text, pick a voice, mode and backend, speak with live readouts, keep a history.
+"""The leapvox TUI: type text, pick a voice, mode and backend, speak with live readouts, keep a history; or speak as
+you type (F9), each sentence once it is sure (the next one has begun), while you go on typing.
 
 Synthesis runs in a thread worker that checks cancellation every frame and posts messages; the UI thread only
-updates widgets (attributes down, messages up).
+updates widgets (attributes down, messages up). Speaking as you type, the UI thread hands the worker each stretch of
+text that has become sure (engine.textfeed) through a queue the worker's stream pulls from.
 """
 
 from __future__ import annotations
 
+import queue
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
@@ -18,11 +21,12 @@ from textual.containers import Horizontal
 from textual.widgets import Button, Footer, Header, TextArea
 from textual.worker import get_current_worker
 
-from leapvox.app.common import clean_text
+from leapvox.app.common import PieceCleaner, clean_text
 from leapvox.app.playback import AudioUnavailable, Player, output_devices
 from leapvox.engine.backend import available_backends
 from leapvox.engine.errors import LeapvoxError
 from leapvox.engine.options import MODES, build_options, check_text, validate
+from leapvox.engine.textfeed import FLUSH, TextFeed
 
 from .history import History
 from .messages import ModelFailed, ModelReady, SpeechFinished, SpeechProgress
@@ -42,6 +46,7 @@ class LeapvoxApp(App):
         Binding("f5", "speak", "Speak", priority=True),
         Binding("f8", "stop", "Stop", priority=True),
         Binding("f2", "save", "Save WAV", priority=True),
+        Binding("f9", "toggle_live", "Speak as I type", priority=True),
         Binding("ctrl+q", "quit", "Quit"),
     ]
 
@@ -69,6 +74,7 @@ class LeapvoxApp(App):
         self.first_backend, self.compute_units = backend, compute_units
         self.busy = False
         self.spoken = 0
+        self.live: LiveText | None = None  # speaking as the user types: what the worker is handed
 
     def compose(self) -> ComposeResult:
         yield Header()
@@ -180,20 +186,73 @@ class LeapvoxApp(App):
         except LeapvoxError as e:
             self.notify(f"{e}: type some words first", severity="warning")
             return
+        chosen = self._chosen()
+        if chosen is not None:
+            self._set_busy(True)
+            self.speak(text, *chosen)
+
+    def _chosen(self):
+        """(options, backend, saved voice) as the voice bar sets them, checked by the one set of option rules; None
+        (and a notice) when they do not hold: a Base model without a saved voice is told now."""
         voice = self.query_one(VoiceBar).voice
         base = self.model.model_type == "base"
         state = {"speaker": None if base else voice.speaker or None, "language": voice.language, "mode": voice.mode}
-        try:  # the one set of option rules, checked here once: a Base model without a saved voice is told now
+        try:
             opts = validate(build_options(state, self.options), self.model.config,
                             (voice.speaker or None) if base else None)
         except LeapvoxError as e:
             self.notify(str(e) + (f" ({e.hint})" if e.hint else ""), severity="warning")
+            return None
+        return opts, voice.backend, voice.speaker if base else None
+
+    def action_toggle_live(self) -> None:
+        """Speak as I type: on, what is typed from now on is spoken sentence by sentence; off, the rest is spoken."""
+        if self.live is not None:
+            self._hand_over(final=True)
             return
+        if self.busy or self.model is None:
+            self.notify("wait for the model and for the utterance in progress", severity="warning")
+            return
+        chosen = self._chosen()
+        if chosen is None:
+            return
+        area = self.query_one("#text", TextArea)
+        self.live = LiveText(len(area.text))
+        area.border_title = "speaking as you type: each sentence once the next begins (F9: off, speak the rest)"
         self._set_busy(True)
-        self.speak(text, opts, voice.backend, voice.speaker if base else None)
+        self.speak(self.live, *chosen)
+
+    def on_text_area_changed(self, event: TextArea.Changed) -> None:
+        if self.live is not None:
+            self._hand_over()
+
+    def _hand_over(self, final: bool = False) -> None:
+        """Give the worker the typed text that has become sure (all of it when `final`, which ends the input)."""
+        live, text = self.live, self.query_one("#text", TextArea).text
+        live.start = min(live.start, len(text))  # deleted back into what was handed over: go on from there
+        rest = text[live.start :]
+        feed = TextFeed()
+        feed.feed(rest)
+        sure = len(rest) if final else feed.offset
+        piece = PieceCleaner()(rest[:sure], final=True)  # as clean_text cleans (a sure stretch ends at a word's end)
+        if piece.strip():
+            live.put(piece)
+        live.start += sure
+        if final:
+            live.close()
+            self.live = None
+            self.query_one("#text", TextArea).border_title = None
 
     def action_stop(self) -> None:
         self.workers.cancel_group(self, "speak")
+        if self.live is not None:  # the worker may be waiting for text: let it see the end
+            self.live.close()
+            self.live = None
+            self.query_one("#text", TextArea).border_title = None
+
+    def on_unmount(self) -> None:
+        if self.live is not None:
+            self.live.close()
 
     def action_save(self) -> None:
         selected = self.query_one(History).selected
@@ -206,25 +265,38 @@ class LeapvoxApp(App):
         self.query_one("#stop", Button).disabled = not busy
 
     @work(thread=True, exclusive=True, group="speak", exit_on_error=False)
-    def speak(self, text: str, opts, backend: str, saved_voice: str | None = None) -> None:
-
+    def speak(self, text: str | LiveText, opts, backend: str, saved_voice: str | None = None) -> None:
+        """Speak `text`, or, a LiveText, what the user types as it is handed over (one utterance in the history;
+        the player is ended while the worker waits for text, so a pause in the typing is no underrun)."""
         worker = get_current_worker()
         player, audio, stats = None, [], None
+        live = text if isinstance(text, LiveText) else None
         try:
             self._use_backend(backend)
             player = self._open_player()
             cloned = self._cloned_voice(saved_voice)
-            for chunk in self.model.synthesizer().stream(text, opts, cancelled=lambda: worker.is_cancelled,
-                                                         voice=cloned):
+            synth = self.model.synthesizer()
+            if live is not None:
+                live.waiting = lambda: player.end() if player is not None else None
+            chunks = synth.stream(text, opts, cancelled=lambda: worker.is_cancelled, voice=cloned) if live is None \
+                else synth.stream_text(live, opts, cancelled=lambda: worker.is_cancelled, voice=cloned)
+            for chunk in chunks:
                 audio.append(chunk.audio)
                 stats = chunk.stats
+                if live is not None and live.paused and len(chunk.audio):  # after a pause in the typing
+                    live.paused = False
+                    if player is not None:  # a new player, once the old one has played out
+                        self._play_out(player, worker, stats)
+                        player.close()
+                        player = self._open_player()
                 if player is not None:
                     player.feed(chunk.audio, stats.xrt, stats.est_remaining_s)
                 self.post_message(SpeechProgress(stats, player.stats if player else None))
             if player is not None:
                 self._play_out(player, worker, stats)
-        except LeapvoxError as e:
-            self.post_message(SpeechFinished(None, error=str(e) + (f" ({e.hint})" if e.hint else "")))
+        except LeapvoxError as e:  # (none when speaking as you type ended before a word was typed)
+            error = None if live is not None and not live.said else str(e) + (f" ({e.hint})" if e.hint else "")
+            self.post_message(SpeechFinished(None, error=error))
             return
         except Exception as e:  # keep the UI alive; say what happened
             self.post_message(SpeechFinished(None, error=f"internal error: {type(e).__name__}: {e}"))
@@ -235,7 +307,8 @@ class LeapvoxApp(App):
         self.spoken += 1
         wav = np.concatenate(audio) if audio else np.zeros(0, np.float32)
         speaker = opts.speaker or saved_voice or (self.model.config.speakers or ["-"])[0]
-        utterance = Utterance(self.spoken, text, speaker, opts.language, opts.mode, backend, wav,
+        said = text if live is None else " ".join(live.said.split())
+        utterance = Utterance(self.spoken, said, speaker, opts.language, opts.mode, backend, wav,
                               self.model.sample_rate, stats, player.stats if player else None, worker.is_cancelled)
         self.post_message(SpeechFinished(utterance, cancelled=worker.is_cancelled))
 
@@ -294,6 +367,8 @@ class LeapvoxApp(App):
         if msg.error:
             self.notify(msg.error, title="synthesis failed", severity="error", timeout=15)
             return
+        if msg.utterance is None:  # speaking as you type, switched off with nothing typed
+            return
         u = msg.utterance
         self.query_one(History).add(u)
         readout = self.query_one(Readout)
@@ -315,3 +390,34 @@ class LeapvoxApp(App):
             self.notify(f"cannot save {u.file_name}: {e.strerror or e}", severity="error")
             return
         self.notify(f"saved {path}")
+
+
+class LiveText:
+    """What the user types while speaking as they type, for the worker's stream (Synthesizer.stream_text): the UI
+    thread `put`s each stretch that has become sure, with a FLUSH after it, and `close`s it; the worker iterates it
+    (blocking) and calls `waiting()` (and sets `paused`) each time it has said everything handed over so far.
+    `start`: where in the text area the text not handed over yet begins."""
+
+    def __init__(self, start: int):
+        self.start, self.said, self.waiting, self.paused = start, "", lambda: None, False
+        self._q: queue.SimpleQueue = queue.SimpleQueue()
+
+    def put(self, text: str) -> None:
+        self.said += text
+        self._q.put(text)
+        self._q.put(FLUSH)
+
+    def close(self) -> None:
+        self._q.put(None)
+
+    def __iter__(self):
+        while True:
+            try:
+                item = self._q.get_nowait()
+            except queue.Empty:
+                self.paused = True
+                self.waiting()
+                item = self._q.get()
+            if item is None:
+                return
+            yield item
