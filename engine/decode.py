@@ -109,9 +109,10 @@ def frame_loop(
         stats.frames += 1
         stats.predictor_s += t2 - t1
         yield frame[0]
+        text = prompt.step_text(k) if k + 1 < max_frames else None  # a sentence still being written: may wait
         t2 = time.perf_counter()
         if k + 1 < max_frames:
-            h, logits = backend.decode(talker.embed_frame(frame) + prompt.step_text(k), k)
+            h, logits = backend.decode(talker.embed_frame(frame) + text, k)
             c0 = next_code0(logits)
             stats.talker_calls += 1
             stats.kv_bytes, stats.attn_span = backend.kv_bytes(k), backend.span(k)

@@ -7,11 +7,14 @@ Rows (each = text track + codec track):
                    BOS + C(codec_pad)
   non-streaming    T(t_j) + C(codec_pad) for every text token, EOS_T + C(codec_pad), PAD + C(codec_bos);
                    every decode step then adds PAD
-  streaming        T(t_1) + C(codec_bos); decode step k adds T(t_{k+2}), then EOS_T, then PAD
+  streaming        T(t_1) + C(codec_bos); decode step k adds T(t_{k+2}), then EOS_T, then PAD; for a sentence still
+                   being written (`pull`), the rows t_{k+2}... are pulled as the steps reach them, waiting for more
+                   text rather than padding, so the codes are those of the whole sentence's prompt
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -36,10 +39,32 @@ class Prompt:
     trailing: torch.Tensor  # [1, Tt, H] text rows added to decode steps 0..Tt-1
     pad: torch.Tensor  # [1, 1, H] added to every later decode step
     n_text_tokens: int
+    grow: Callable[[], tuple[torch.Tensor, int, bool]] | None = None  # an open sentence: (rows, tokens, closed)
 
     def step_text(self, k: int) -> torch.Tensor:
-        """Text row added to the input of decode step k, [1, 1, H]."""
+        """Text row added to the input of decode step k, [1, 1, H]; a sentence still being written first waits for
+        its next tokens here (`grow`; closed: the rest and EOS_T)."""
+        while k >= self.trailing.shape[1] and self.grow is not None:
+            rows, n, closed = self.grow()
+            self.trailing, self.n_text_tokens = torch.cat([self.trailing, rows], dim=1), self.n_text_tokens + n
+            self.grow = None if closed else self.grow
         return self.trailing[:, k : k + 1] if k < self.trailing.shape[1] else self.pad
+
+    def waits(self, k: int) -> bool:
+        """Whether decode step k's text row is not there yet (it will be pulled, maybe waited for)."""
+        return self.grow is not None and k >= self.trailing.shape[1]
+
+
+def _grower(talker: Talker, eos: torch.Tensor, pull: Callable[[], tuple[list[int], bool]]):
+    """`Prompt.grow` over `pull() -> (new text token ids, closed)`: their rows, and EOS_T once closed."""
+
+    @torch.inference_mode()
+    def grow() -> tuple[torch.Tensor, int, bool]:
+        ids, closed = pull()
+        rows = talker.embed_text(torch.tensor([ids], dtype=torch.long, device=talker.device)) if ids else eos[:, :0]
+        return (torch.cat([rows, eos], dim=1) if closed else rows), len(ids), closed
+
+    return grow
 
 
 def language_id(cfg: TTSConfig, speaker: str | None, language: str) -> int | None:
@@ -86,8 +111,10 @@ def build_prompt(
     language: str,
     text_layout: str = "non-streaming",
     instruct_ids: list[int] | None = None,
+    pull: Callable[[], tuple[list[int], bool]] | None = None,
 ) -> Prompt:
-    """Prefill rows and trailing text for the wrapped-text token ids (see `wrap_text`)."""
+    """Prefill rows and trailing text for the wrapped-text token ids (see `wrap_text`). `pull` (streaming layout):
+    the ids are a sentence's start, and `pull()` gives its next tokens as decoding needs them (see `Prompt.grow`)."""
     dev, ids, (bos, eos, pad) = _text_start(talker, cfg, text_ids)
     codec = talker.embed_codec(torch.tensor([control_prefix(cfg, speaker, language)], device=dev))  # [1, P, H]
     control = torch.cat([pad.expand(-1, codec.shape[1] - 2, -1), bos], dim=1) + codec[:, :-1]
@@ -95,14 +122,17 @@ def build_prompt(
     if instruct_ids:
         rows.insert(0, talker.embed_text(torch.tensor([instruct_ids], device=dev)))
     body = ids[:, 3:-5]  # [1, N]
-    embeds, trailing = _text_rows(talker, cfg, ids, codec[:, -1:], eos, pad, text_layout)
-    return Prompt(torch.cat(rows + [embeds], dim=1), trailing, pad, body.shape[1])
+    embeds, trailing = _text_rows(talker, cfg, ids, codec[:, -1:], eos, pad, text_layout, pull)
+    return Prompt(torch.cat(rows + [embeds], dim=1), trailing, pad, body.shape[1], pull and _grower(talker, eos, pull))
 
 
 def _text_rows(talker: Talker, cfg: TTSConfig, ids: torch.Tensor, bos_row: torch.Tensor, eos: torch.Tensor,
-               pad: torch.Tensor, text_layout: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """The rows after the control rows for the wrapped text `ids` [1, n], and the trailing text rows."""
+               pad: torch.Tensor, text_layout: str, pull=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The rows after the control rows for the wrapped text `ids` [1, n], and the trailing text rows (with `pull`,
+    an open sentence's: no EOS_T yet)."""
     dev = ids.device
+    if pull is not None and text_layout != "streaming":
+        raise ValueError("only the streaming text layout speaks a sentence still being written")
     body = ids[:, 3:-5]  # [1, N]
     if text_layout == "non-streaming":
         pad_codes = torch.full((1, body.shape[1] + 1), cfg.talker.codec_pad_id, device=dev)
@@ -110,7 +140,8 @@ def _text_rows(talker: Talker, cfg: TTSConfig, ids: torch.Tensor, bos_row: torch
         last = pad + talker.embed_codec(torch.tensor([[cfg.talker.codec_bos_id]], device=dev))
         return torch.cat([text, last], dim=1), pad
     if text_layout == "streaming":
-        return talker.embed_text(ids[:, 3:4]) + bos_row, torch.cat([talker.embed_text(ids[:, 4:-5]), eos], dim=1)
+        return talker.embed_text(ids[:, 3:4]) + bos_row, torch.cat([talker.embed_text(ids[:, 4:-5])]
+                                                                   + ([eos] if pull is None else []), dim=1)
     raise InputError(f"unknown text layout {text_layout!r}", hint=f"use one of {', '.join(TEXT_LAYOUTS)}")
 
 
@@ -144,6 +175,7 @@ def build_clone_prompt(
     language: str,
     text_layout: str = "non-streaming",
     ref_ids: list[int] | None = None,
+    pull: Callable[[], tuple[list[int], bool]] | None = None,
 ) -> Prompt:
     """Prefill rows of a Base model speaking `text_ids` (see `wrap_text`) in `voice`.
 
@@ -151,7 +183,7 @@ def build_clone_prompt(
     CustomVoice. ICL (`ref_ids`: tokens of `wrap_ref_text(voice.ref_text)`): reference + target text tokens and
     EOS_T on the text track, codec_bos + the reference frames (16 code embeddings summed) on the codec track;
     non-streaming puts the text (over codec_pad) before the frames (over PAD), streaming adds the two tracks row by
-    row, the longer track's rest trailing (text) or PAD."""
+    row, the longer track's rest trailing (text) or PAD. `pull`: as for `build_prompt` (x-vector only)."""
     dev, ids, (bos, eos, pad) = _text_start(talker, cfg, text_ids)
     prefix = talker.embed_codec(torch.tensor([control_prefix(cfg, None, language)], device=dev))  # [1, P, H]
     xvec = voice.xvector.to(dev, prefix.dtype).view(1, 1, -1)
@@ -160,8 +192,10 @@ def build_clone_prompt(
     rows = [talker.embed_text(ids[:, :3]), control]
     n_text = ids.shape[1] - 8
     if not (voice.icl and ref_ids):
-        embeds, trailing = _text_rows(talker, cfg, ids, codec[:, -1:], eos, pad, text_layout)
-        return Prompt(torch.cat(rows + [embeds], dim=1), trailing, pad, n_text)
+        embeds, trailing = _text_rows(talker, cfg, ids, codec[:, -1:], eos, pad, text_layout, pull)
+        return Prompt(torch.cat(rows + [embeds], dim=1), trailing, pad, n_text, pull and _grower(talker, eos, pull))
+    if pull is not None:
+        raise ValueError("an ICL voice's prompt holds the whole text: it cannot speak a sentence still being written")
     if text_layout not in TEXT_LAYOUTS:
         raise InputError(f"unknown text layout {text_layout!r}", hint=f"use one of {', '.join(TEXT_LAYOUTS)}")
     ref = torch.tensor([ref_ids], device=dev)[:, 3:-2]

@@ -12,8 +12,8 @@ Layering: `decode_frames` (one utterance: the mode's strategies chosen once, the
 from __future__ import annotations
 
 import contextlib
-import itertools
 import time
+from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field, replace
 
@@ -113,6 +113,7 @@ class Step:
     stats: DecodeStats  # the utterance's counters so far (one record, advanced by the loop)
     warnings: tuple[str, ...] = ()  # the utterance's so far, for the user
     finish_reason: str | None = None  # the last step: eos, max_frames or guard (the stream adds cancelled)
+    waits: bool = False  # the next frame waits for text still being written (hand out what is decoded)
 
 
 class Synthesizer:
@@ -171,7 +172,7 @@ class Synthesizer:
 
     def frames(
         self,
-        text: str,
+        text: str | OpenSentence,
         opts: SynthesisOptions,
         generator: torch.Generator | None = None,
         voice: ClonedVoice | None = None,
@@ -179,42 +180,53 @@ class Synthesizer:
         """One utterance as the mode's loop produces it, the one loop behind `generate_codes` and the stream: a Step
         per frame, then a last Step without one that says why it stopped. `generator` continues a random stream
         (several sentences); by default one is made from `opts.seed`. `voice`: the cloned voice a Base model speaks
-        in (it needs one; other model types take none)."""
+        in (it needs one; other model types take none). An `OpenSentence` (streaming layout) starts from the words
+        written so far and takes in the rest as the steps reach it; the runaway guard then counts the tokens of the
+        whole sentence, known once it is closed."""
         opts = validate(opts, self.cfg, voice)
         prompt, warnings = self.prompt(text, opts, voice)
         warnings += self._mode_warnings(opts)
-        cap, stats = opts.max_frames, DecodeStats()
-        guard = guard_frames(prompt.n_text_tokens, self.cfg.leapvox_guard_frames_per_token) if opts.runaway_guard \
-            else cap
+        cap, stats, rate = opts.max_frames, DecodeStats(), self.cfg.leapvox_guard_frames_per_token
+        capped = lambda: min(cap, guard_frames(prompt.n_text_tokens, rate)) if opts.runaway_guard else cap  # noqa: E731
         sampling = any((opts.talker.do_sample, opts.predictor.do_sample))
         gen = (generator or make_generator(opts.seed)) if sampling else None
-        talker, most = self.tts.talker, min(cap, guard)
-        for frame in decode_frames(self.backend, talker, prompt, opts, most, gen, stats, self.plan):
-            yield Step(frame, stats, warnings)
+        starved = text.starved if isinstance(text, OpenSentence) else lambda: False
+        loop = decode_frames(self.backend, self.tts.talker, prompt, opts, cap if prompt.grow else capped(), gen, stats,
+                             self.plan)
+        with contextlib.closing(loop):
+            for frame in loop:
+                yield Step(frame, stats, warnings, waits=prompt.waits(stats.frames - 1) and starved())
+                if prompt.grow is None and stats.frames >= capped():  # an open sentence's cap, known once closed
+                    stats.stop_reason = "max_frames"
+                    break
+        most = capped()
         if stats.stop_reason == "max_frames" and stats.frames < most:  # the backend holds fewer frames
             warnings += (f"stopped at {stats.frames} frames, all that the {self.backend.name} backend's exported "
                          "context holds after this prompt (leapvox recipe coreml --context sets it)",)
-        elif stats.stop_reason == "max_frames" and guard < cap:
+        elif stats.stop_reason == "max_frames" and most < cap:
             stats.stop_reason = "guard"
-            warnings += (f"stopped at {guard} frames ({guard * 0.08:.1f} s), the runaway cap for "
+            warnings += (f"stopped at {most} frames ({most * 0.08:.1f} s), the runaway cap for "
                          f"{prompt.n_text_tokens} text tokens, without an end of speech (--no-guard lifts this cap)",)
         yield Step(None, stats, warnings, stats.stop_reason)
 
-    def prompt(self, text: str, opts: SynthesisOptions, voice: ClonedVoice | None) -> tuple[Prompt, tuple[str, ...]]:
-        """The prefill rows of `text` for validated `opts`: CustomVoice / VoiceDesign (speaker, instruct) or a Base
-        model's cloned voice; and any warnings for the user."""
-        ids = self.text_ids(text)
+    def prompt(self, text: str | OpenSentence, opts: SynthesisOptions,
+               voice: ClonedVoice | None) -> tuple[Prompt, tuple[str, ...]]:
+        """The prefill rows of `text` (or of an open sentence's start, the rest pulled as decoding needs it) for
+        validated `opts`: CustomVoice / VoiceDesign (speaker, instruct) or a Base model's cloned voice; and any
+        warnings for the user."""
+        pull = text.pull if isinstance(text, OpenSentence) else None
+        ids = text.start if pull else self.text_ids(text)
         if voice is not None:
             ref_ids = self.tokenize(wrap_ref_text(voice.ref_text)) if voice.icl else None
             return build_clone_prompt(self.tts.talker, self.cfg, ids, voice, opts.language, opts.text_layout,
-                                      ref_ids), ()
+                                      ref_ids, pull), ()
         instruct_ids, warnings = None, ()
         if opts.instruct and not self.cfg.supports_instruct:
             warnings = ("this model size ignores --instruct (only 1.7B models follow instructions)",)
         elif opts.instruct:
             instruct_ids = self.tokenize(wrap_instruct(opts.instruct))
         return build_prompt(self.tts.talker, self.cfg, ids, opts.speaker, opts.language, opts.text_layout,
-                            instruct_ids), warnings
+                            instruct_ids, pull), warnings
 
     @torch.inference_mode()
     def decode(self, codes: torch.Tensor, ref_codes: torch.Tensor | None = None) -> np.ndarray:
@@ -277,16 +289,35 @@ class Synthesizer:
         segments, so, flushes aside, the same samples as `stream(text)` for a seed. `pieces`: any iterable of str
         (and FLUSH), e.g. a `textfeed.TextPieces` that other threads (an event loop) put text into. The statistics'
         sentence count, audio estimate and script warnings cover the text arrived so far. Keywords: `stream`'s,
-        `split` aside. A text without anything to say is an InputError once the pieces end."""
-        opts = validate(opts, self.cfg, stream_args.get("voice"))
-        arrived: list[Segment] = []
+        `split` aside. A text without anything to say is an InputError once the pieces end.
 
-        def pull() -> Iterator[Segment]:
-            feed = TextFeed()
-            for piece in itertools.chain(pieces, [None]):  # lazily: a piece is read when a sentence is wanted
-                new = feed.close() if piece is None else feed.flush() if piece is FLUSH else feed.feed(piece)
-                arrived.extend(new)
-                yield from new
+        With the streaming text layout (`opts.text_layout`; not for a model with a text front end, whose phonemes
+        of a word depend on the words around it, nor an ICL voice, whose prompt holds the whole text), a sentence
+        starts while it is still being written, once OPEN_LOOKAHEAD tokens of its sure start are there
+        (`TextFeed.opening`), and its decoding waits for the next words rather than padding: the same codes as the
+        whole sentence, first audio before its end."""
+        opts = validate(opts, self.cfg, stream_args.get("voice"))
+        voice, arrived = stream_args.get("voice"), []
+        reader = _Reader(pieces, arrived)
+        early = opts.text_layout == "streaming" and self.frontend is None and not (voice is not None and voice.icl)
+
+        def pull() -> Iterator[Segment | OpenSentence]:
+            while True:  # lazily: a piece is read when a sentence is wanted
+                if reader.queue:
+                    yield reader.queue.popleft()
+                    continue
+                if early and not reader.ready():  # all there is read: a sentence may begin
+                    pauses, start = reader.feed.opening()
+                    reader.add(pauses)  # sure now: a sentence follows
+                    sentence = OpenSentence(reader, self.text_ids, start) if start and not pauses else None
+                    if sentence and len(sentence.ids) >= OPEN_LOOKAHEAD:
+                        yield sentence
+                        sentence.finish()  # decoding may have ended (EOS) before its text did
+                        continue
+                    if pauses:
+                        continue
+                if not reader.read():
+                    return
 
         yield from self._speak(pull(), arrived, opts, **stream_args)
 
@@ -314,21 +345,29 @@ class Synthesizer:
         per_frame, index, empty = self.cfg.talker.num_code_groups - 1, -1, torch.zeros((0, 16), dtype=torch.long)
         known, est, text_warnings = 0, [0.0], ()  # arrived[:known] are in `est` and the warnings
         done = stats = StreamStats(opts.mode)
+
+        def learn(done: StreamStats) -> StreamStats:
+            """New text: the estimate, the sentence count and the script warnings grow."""
+            nonlocal known, text_warnings
+            if known == len(arrived):
+                return done
+            for x in arrived[known:]:
+                est.append(est[-1] + (x.seconds if isinstance(x, Pause) else estimate_audio_s(x)))
+            known, sentences = len(arrived), [x for x in arrived if not isinstance(x, Pause)]
+            new = tuple(w for w in script_warnings(" ".join(sentences), self.cfg.languages) if w not in text_warnings)
+            text_warnings += new
+            return replace(done, sentences=len(sentences), warnings=done.warnings + new)
+
+        def total() -> float:  # a sentence still being written is in `est` once it is handed out
+            return total_estimate(est + est[-1:] * (finished + 1 - len(est)), finished, spoken)
+
         for seg in segs:
-            if known < len(arrived):  # new text: the estimate, the sentence count and the script warnings grow
-                for x in arrived[known:]:
-                    est.append(est[-1] + (x.seconds if isinstance(x, Pause) else estimate_audio_s(x)))
-                known, sentences = len(arrived), [x for x in arrived if not isinstance(x, Pause)]
-                new = tuple(w for w in script_warnings(" ".join(sentences), self.cfg.languages)
-                            if w not in text_warnings)
-                text_warnings += new
-                done = replace(done, sentences=len(sentences), warnings=done.warnings + new)
-            if isinstance(seg, Pause):  # silence, joined as a sentence is (crossfaded: no click)
-                silence = np.zeros(int(round(seg.seconds * sr)), np.float32)
-                out, spoken, finished = joiner.add(silence), spoken + len(silence) / sr, finished + 1
+            done = learn(done)
+            if isinstance(seg, Pause):  # silence, joined as a sentence is (crossfaded: no click; the overlap of
+                silence = np.zeros(int(round(seg.seconds * sr)) + joiner.n, np.float32)  # one join is added back)
+                out, spoken, finished = joiner.add(silence), spoken + seg.seconds, finished + 1
                 joiner.end_sentence()
-                stats = done = done.handed_out(stats, len(out), sr, time.perf_counter() - t0,
-                                               total_estimate(est, finished, spoken))
+                stats = done = done.handed_out(stats, len(out), sr, time.perf_counter() - t0, total())
                 yield SpeechChunk(out, sr, empty, max(index, 0), stats)
                 continue
             index += 1
@@ -340,8 +379,7 @@ class Synthesizer:
                 out, decoded, size = joiner.add(audio), decoded + len(audio), grown  # chunks grow across sentences
                 now = done.plus(step.stats, codec_s, per_frame, sentence=index + 1,
                                 warnings=done.warnings + step.warnings)  # done: the finished sentences' totals
-                total = total_estimate(est, finished, spoken)
-                stats = now.handed_out(stats, len(out), sr, time.perf_counter() - t0, total)
+                stats = now.handed_out(stats, len(out), sr, time.perf_counter() - t0, total())
                 if len(codes) or len(audio):  # else the last step, after a full chunk: its stats alone
                     yield SpeechChunk(out, sr, codes, index, stats)
             spoken, finished = spoken + decoded / sr, finished + 1
@@ -351,9 +389,8 @@ class Synthesizer:
                 break
         if index < 0:
             raise InputError("there is no text to speak", hint="give some words, e.g. leapvox speak \"Hello\"")
-        out = joiner.flush()
-        total = total_estimate(est, finished, spoken)
-        stats = done.handed_out(done, len(out), sr, time.perf_counter() - t0, total)
+        out, done = joiner.flush(), learn(done)
+        stats = done.handed_out(done, len(out), sr, time.perf_counter() - t0, total())
         yield SpeechChunk(out, sr, empty, index, stats, stats.stop_reason)
 
     def _prime(self, codec: DecoderStream, voice: ClonedVoice) -> tuple[int, np.ndarray]:
@@ -390,7 +427,7 @@ class Synthesizer:
                 if step.frame is not None:
                     pending.append(step.frame)
                     step = replace(step, finish_reason="cancelled") if cancelled and cancelled() else step
-                if len(pending) < size and not step.finish_reason:
+                if len(pending) < size and not step.finish_reason and not step.waits:
                     continue
                 codes = torch.stack(pending) if pending else torch.zeros((0, 16), dtype=torch.long)
                 audio, seconds = self._push(codec, codes) if pending else (np.zeros(0, np.float32), 0.0)
@@ -418,6 +455,84 @@ class Synthesizer:
             stats = c.stats
         return Synthesis(torch.cat(codes), np.concatenate(audio), self.sample_rate, stats, list(stats.warnings),
                          stats.elapsed_s)
+
+
+# ---- text still being written -----------------------------------------------------------------------------------
+
+OPEN_LOOKAHEAD = 4  # text tokens of a sentence's sure start before it is begun (the prompt's and 3 frames')
+
+
+class _Reader:
+    """stream_text's reading: pieces into a TextFeed one at a time; the segments handed out wait in `queue`."""
+
+    def __init__(self, pieces: Iterable[str | object], arrived: list[Segment]):
+        self.pieces, self.feed, self.queue, self.arrived = iter(pieces), TextFeed(), deque(), arrived
+        self.ended, self._ready = False, getattr(pieces, "ready", None)  # textfeed.TextPieces can say
+
+    def read(self) -> bool:
+        """One piece into the feed (waiting for it); False when the pieces had already ended."""
+        if self.ended:
+            return False
+        piece = next(self.pieces, None)
+        self.ended = piece is None
+        self.add(self.feed.close() if piece is None else self.feed.flush() if piece is FLUSH else self.feed.feed(piece))
+        return True
+
+    def add(self, segs: list[Segment]) -> None:
+        self.arrived.extend(segs)
+        self.queue.extend(segs)
+
+    def ready(self) -> bool:
+        """Whether another piece is there already (known only for pieces that can say: TextPieces)."""
+        return not self.ended and self._ready is not None and self._ready()
+
+
+class OpenSentence:
+    """A sentence still being written (`Synthesizer.stream_text`, streaming layout): the wrapped ids of its sure
+    start (`start`), its next sure token ids as decoding pulls them, then the sentence the feed hands out for it
+    (`text`), whose ids extend those pulled (word-level BPE: `TextFeed.opening` gives whole words)."""
+
+    def __init__(self, reader: _Reader, text_ids: Callable[[str], list[int]], start: str):
+        self.reader, self.text_ids, self.text = reader, text_ids, None
+        self.start = text_ids(start)
+        self.ids = self.start[3:-5]  # the text tokens taken so far
+
+    def pull(self) -> tuple[list[int], bool]:
+        """The next text tokens (waiting for words if need be), and whether the sentence is closed."""
+        r = self.reader
+        while True:
+            if r.queue:
+                return self._close()
+            ids = self._sure()
+            if len(ids) > len(self.ids):
+                new, self.ids = ids[len(self.ids) :], ids
+                return new, False
+            r.read()
+            while not r.queue and r.ready():  # all that is there: one tokenization, not one a piece
+                r.read()
+
+    def _sure(self) -> list[int]:
+        pauses, start = self.reader.feed.opening()
+        assert not pauses, "a pause inside an open sentence"
+        ids = self.text_ids(start)[3:-5] if start else []
+        return ids if ids[: len(self.ids)] == self.ids else self.ids  # an overlong start stops growing
+
+    def _close(self) -> tuple[list[int], bool]:
+        self.text = self.reader.queue.popleft()
+        ids = self.text_ids(self.text)[3:-5] if isinstance(self.text, str) else []
+        if ids[: len(self.ids)] != self.ids:
+            raise RuntimeError(f"the sentence handed out ({self.text!r}) does not begin with the words spoken")
+        new, self.ids = ids[len(self.ids) :], ids
+        return new, True
+
+    def starved(self) -> bool:
+        """Whether the next words are not there (pulling would wait for the producer)."""
+        return not self.reader.queue and not self.reader.ready() and not self.reader.ended
+
+    def finish(self) -> None:
+        """Read on to the end of the sentence (decoding may have stopped before it)."""
+        while self.text is None:
+            self.pull()
 
 
 def icl_cut(ref_frames: int, total_frames: int, samples: int) -> int:

@@ -12,7 +12,7 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from leapvox.engine.errors import InputError
@@ -218,3 +218,153 @@ def test_the_reader_joins_characters_and_escapes_split_across_reads(monkeypatch)
     pieces = TextPieces()
     _read_pieces(0, "standard input", pieces, False)
     assert "".join(pieces) == "Caf\u00e9 red."
+
+
+# ---- a sentence still being written (streaming text layout) ---------------------------------------------------
+
+
+@functools.cache
+def tiny_tokens():
+    from leapvox.engine.prompt import wrap_text
+    from leapvox.models.tokenizer import TextTokenizer
+
+    tok = TextTokenizer(TINY)
+    return lambda text: tok(wrap_text(text))[3:-5]
+
+
+def fed_opening(pieces, max_chars):
+    """`fed`, asking the feed for the open sentence's sure start after every piece: the segments, and (where in
+    them the next ones go, the start) for every start given."""
+    feed, out, starts = TextFeed(max_chars), [], []
+    for p in pieces:
+        out += feed.flush() if p is FLUSH else feed.feed(p)
+        pauses, start = feed.opening()
+        out += pauses
+        if start:
+            starts.append((len(out), start))
+    return out + feed.close(), starts
+
+
+@settings(max_examples=300, deadline=None)
+@given(texts, st.lists(st.integers(0, 400)), st.sampled_from([300, 12]))
+@example("Hello there, one two three fourteen fifteen.", [27], 30)  # cut at the clause: "Hello there," is the first
+def test_an_open_sentence_begins_as_the_sentence_handed_out_for_it(text, cuts, max_chars):
+    """Whatever comes next, the sentence handed out begins with every sure start given for it, at a word boundary,
+    and its tokens with the start's tokens; the segments stay those of the whole text (a pause given out early
+    is the one before that sentence)."""
+    at = sorted({c % (len(text) + 1) for c in cuts})
+    pieces = [text[a:b] for a, b in zip([0, *at], [*at, len(text)], strict=True)]
+    try:
+        out, starts = fed_opening(pieces, max_chars)
+    except InputError as e:
+        assert str(e) == outcome(segments, text, max_chars)
+        return
+    assert out == segments(text, max_chars)
+    tokens = tiny_tokens()
+    for i, start in starts:
+        sentence = out[i]
+        assert isinstance(sentence, str) and (sentence == start or sentence.startswith(start + " ")), (sentence, start)
+        assert tokens(sentence)[: len(tokens(start))] == tokens(start)
+
+
+def test_the_sure_start_stops_at_whole_words_and_the_last_clause_mark():
+    feed = TextFeed()
+    said = [(feed.feed(p), *feed.opening()) for p in ["[pause 1s] Hel", "lo there", " my", " friend, how", " are"]]
+    assert [s for *_, s in said] == ["", "Hello", "Hello there", "Hello there my friend,", "Hello there my friend,"]
+    assert [fed + pauses for fed, pauses, _ in said] == [[], [Pause(1.0)], [], [], []]  # out with the first start
+    feed = TextFeed(max_chars=20)
+    feed.feed("one two three four five six ")
+    assert feed.opening() == ([], "")  # over max_chars: where it is cut is not sure yet
+
+
+@functools.cache
+def tiny():
+    from leapvox.models.load import load_model
+
+    return load_model(str(TINY), weights="fp32")
+
+
+OPEN = "Hello there my good friend how are you doing on this fine day"
+
+
+def _producer(heard: list[int], held: list[int]):
+    """The text in words; before handing over the end of the sentence, note how much audio the listener had."""
+    for i, w in enumerate(OPEN.split()):
+        yield w if i == 0 else " " + w
+    held.append(heard[0])
+    yield " today. Bye now."
+
+
+@pytest.mark.parametrize("model, layout, early", [("tiny", "streaming", True), ("tiny", "non-streaming", False),
+                                                   ("demo", "streaming", False)])
+def test_in_sentence_streaming_speaks_before_the_sentence_ends(model, layout, early):
+    """Streaming layout on a word-level tokenizer: audio comes out while the producer still holds back the end of
+    the sentence (counted in samples the listener got, not in time), and the codes and samples equal those of the
+    whole text. The non-streaming layout, and a model with a phoneme front end, wait for the sentence."""
+    m = tiny() if model == "tiny" else demo()
+    opts = replace(m.defaults, seed=3, text_layout=layout, max_frames=6)
+    heard, held, streamed = [0], [], []
+    for c in m.synthesizer().stream_text(_producer(heard, held), opts):
+        heard[0] += len(c.audio)
+        streamed.append(c)
+    whole = list(m.synthesizer().stream(OPEN + " today. Bye now.", opts))
+    assert (held[0] > 0) is early  # some of the sentence's audio before its end was written
+    for part in ("codes", "audio"):
+        assert np.array_equal(np.concatenate([getattr(c, part) for c in streamed]),
+                              np.concatenate([getattr(c, part) for c in whole]))
+    assert streamed[-1].stats.stop_reasons == whole[-1].stats.stop_reasons
+    assert streamed[-1].stats.sentences == 2
+
+
+def test_a_pause_is_as_long_as_asked():
+    """The text with a pause is longer than without it by the pause, within a sample: the silence makes up for the
+    crossfades into and out of it (the sentences are the same: a pause draws no random numbers)."""
+    model = demo()
+    opts = replace(model.defaults, seed=7, max_frames=2)
+    length = lambda text: sum(len(c.audio) for c in model.synthesizer().stream(text, opts))  # noqa: E731
+    assert abs(length("Hi. [pause 0.25s] [pause 250ms] Bye.") - length("Hi. Bye.") - 12000) <= 1  # between two
+    one = length("Hi.")
+    assert abs(length("[pause 1s] Hi.") - one - 24000) <= 1 and abs(length("Hi. [pause 1s]") - one - 24000) <= 1
+
+
+def test_the_runaway_guard_of_an_open_sentence_counts_its_whole_text(monkeypatch):
+    """An open sentence's cap comes from all its tokens, known once it is closed: it stops where the whole text's
+    utterance stops, with the same codes (a cap of tokens + 3 here, so that the tiny model reaches it)."""
+    import leapvox.engine.synthesis as synthesis
+
+    monkeypatch.setattr(synthesis, "guard_frames", lambda n, rate=None: n + 3)
+    m = tiny()
+    opts = replace(m.defaults, seed=5, text_layout="streaming", max_frames=500)
+    text = "one two three four"
+    streamed = list(m.synthesizer().stream_text(iter([w + " " for w in text.split()]), opts))
+    whole = list(m.synthesizer().stream(text, opts))
+    assert streamed[-1].stats.stop_reasons == whole[-1].stats.stop_reasons == ("guard",)
+    n = len(m.synthesizer().text_ids(text)) - 8
+    assert streamed[-1].stats.sentences == 1
+    assert f"the runaway cap for {n} text tokens" in streamed[-1].stats.warnings[0]
+    codes = [np.concatenate([c.codes for c in cs]) for cs in (streamed, whole)]
+    assert np.array_equal(*codes) and len(codes[0]) == n + 3
+
+
+def test_the_frames_made_before_the_text_runs_dry_are_handed_out():
+    """When decoding waits for words, the frames it made are decoded and handed out then, not held for a chunk that
+    would fill up only after more text: the producer writes the rest only once it heard all the start can give."""
+    m = tiny()
+    ids = m.synthesizer().text_ids("Hello there my")[3:-5]  # 6 tokens: chunks of 1, 2, then 3 of 4 frames
+    opts = replace(m.defaults, seed=3, text_layout="streaming", max_frames=len(ids) + 2)
+    pieces, heard, enough, waited = TextPieces(), [0], threading.Event(), []
+    target = len(ids) * 1920 - int(round(0.015 * 24000))  # a frame per token, less the crossfade held back
+
+    def produce():
+        pieces.put("Hello there my ")
+        waited.append(enough.wait(600))  # a hang guard: without the early hand-out, that audio never comes
+        pieces.put("good day.")
+        pieces.close()
+
+    threading.Thread(target=produce, daemon=True).start()
+    for c in m.synthesizer().stream_text(pieces, opts):
+        assert enough.is_set() or c.stats.frames <= len(ids)  # before the rest, only what the start gives
+        heard[0] += len(c.audio)
+        if heard[0] >= target:
+            enough.set()
+    assert waited == [True] and c.stats.frames == len(ids) + 2

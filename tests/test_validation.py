@@ -356,8 +356,9 @@ def test_tui_refuses_what_has_nothing_to_say(tmp_path):
 
 def test_one_speak_request_resolves_reads_and_validates_once(tmp_path, capsys):
     """One `speak --mode spec` request of two sentences on the demo model: the --model value resolved (hub.ensure)
-    once, config.json and generation_config.json opened once each, the voice rule run once, and the options validated once (a `validate` that
-    returns the options it was given has nothing left to check). Each was 2 to 4 before (issue #38)."""
+    once, config.json and generation_config.json opened once each, the voice rule run once, and the options
+    validated once (a `validate` that returns the options it was given has nothing left to check). Each was 2 to 4
+    before (issue #38)."""
     import collections
     import sys
 
