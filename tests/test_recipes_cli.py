@@ -7,7 +7,7 @@ import pytest
 
 from leapvox.app.cli import COMMANDS, RENAMED, build_parser, main
 
-USER_COMMANDS = {"speak", "tui", "serve", "voices", "models", "compare", "bench", "doctor", "paths", "speakers",
+USER_COMMANDS = {"speak", "tui", "serve", "batch", "voices", "models", "compare", "bench", "doctor", "paths", "speakers",
                  "devices"}
 RECIPES = ["offsets", "tree", "bench-spec", "window", "bench-window", "coreml", "demo"]
 
