@@ -324,7 +324,8 @@ def lr_factor(step: int, steps: int, warmup: int = 150, floor: float = 0.1, prog
 
 
 def curriculum_cap(step: int, batch: int = 16) -> int:
-    """Longest utterance (frames) a batch may hold: short sentences first, where alignment is easiest to find.
+    """Longest utterance (frames) a batch may hold: short sentences first, where alignment is easiest to find (a run
+    from --init, whose model already reads its text, skips it).
     The thresholds count utterances seen, in steps of 16 (the CPU recipe's batch)."""
     seen = step * batch // 16
     return 60 if seen < 800 else 110 if seen < 2000 else 10_000
@@ -496,7 +497,7 @@ def train(data_dir: str, out_dir: str, steps: int = 20000, batch: int = 16, lr: 
         model.train()
         for g in opt.param_groups:
             g["lr"] = lr * lr_factor(step, steps, progress=progress() if budget else None)
-        cap = curriculum_cap(step, batch)
+        cap = curriculum_cap(step, batch) if not init else 10_000  # a model from --init already reads its text
         allowed = [b for b, n in zip(buckets, longest, strict=True) if n <= cap] or buckets
         with autocast:
             l0, lcp = loss_on(model, cfg, rng.choice(allowed), dropout, cp_fraction, rng, frozen, sampled, gen,
