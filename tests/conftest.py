@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
+import os
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -52,8 +56,61 @@ DESIGN_CONFIG = {
 }
 
 
+# ---- parallel runs: pytest-xdist, as .ci/run runs the suite (`-n 2 --dist loadgroup --no-loadscope-reorder`) --------
+
+def worker_threads() -> int | None:
+    """Under pytest-xdist: the torch threads one worker takes, its share of what a lone run would use (at least 1),
+    so that N workers do not run N times as many threads as there are cores. None outside xdist."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT") or 0)
+    if "PYTEST_XDIST_WORKER" not in os.environ or workers < 1:
+        return None
+    return max(1, torch.get_num_threads() // workers)
+
+
+if (_share := worker_threads()) is not None:
+    torch.set_num_threads(_share)
+    os.environ["OMP_NUM_THREADS"] = str(_share)  # and the leapvox processes its tests start take the same share
+
+# Tests that must not share the machine with each other: one xdist group, so one worker runs them one after the
+# other (the real sound device: one PulseAudio pipe sink, read back sample by sample; the TUI's stop-latency bound).
+SERIAL_GROUP = "serial"
+SERIAL_FILES = {"test_real_audio.py", "test_tui.py", "test_tui_live.py", "test_playback.py"}
+# Files whose tests take minutes together: handed out first, so that no worker starts one as the other runs dry.
+HEAVY_FIRST = ()
+
+
+def _module_scoped_fixtures(item) -> bool:
+    """Whether `item` uses a fixture shared by its module (or class, or package): it must run where its file runs."""
+    defs = getattr(getattr(item, "_fixtureinfo", None), "name2fixturedefs", {})
+    return any(d and d[-1].scope in ("module", "class", "package") for d in defs.values())
+
+
+def xdist_groups(items) -> None:
+    """--dist loadgroup: a file's tests go to one worker (its module fixtures load once), except `slow` tests that
+    share nothing with their file, which go on their own (minutes each: spread over the workers); SERIAL_FILES go
+    together. The order the workers are handed groups in (with --no-loadscope-reorder): slow tests first, then
+    HEAVY_FIRST, then the rest as collected."""
+    for item in items:
+        name = item.path.name
+        if name in SERIAL_FILES:
+            item.add_marker(pytest.mark.xdist_group(SERIAL_GROUP))
+        elif not ("slow" in item.keywords and not _module_scoped_fixtures(item)):
+            item.add_marker(pytest.mark.xdist_group(str(item.path.relative_to(REPO))))
+
+    def rank(item) -> int:
+        if "slow" in item.keywords:
+            return 0
+        return 1 if item.path.name in HEAVY_FIRST else 2
+
+    items.sort(key=rank)  # stable: collection order within a rank
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the xdist_group marks
 def pytest_collection_modifyitems(config, items):
-    """Tests marked `macos` call Core ML itself; elsewhere they are skipped and say why."""
+    """Tests marked `macos` call Core ML itself; elsewhere they are skipped and say why. Under xdist's loadgroup,
+    groups and order as xdist_groups says."""
+    if getattr(config.option, "loadgroup", False):
+        xdist_groups(items)
     if sys.platform == "darwin":
         return
     skip = pytest.mark.skip(reason="Core ML predictions cannot run on Linux (macOS 15+ only); on a Mac: "
@@ -132,3 +189,25 @@ def no_load(monkeypatch):
         raise AssertionError("the model was loaded")
 
     monkeypatch.setattr("leapvox.app.speak.load", load)
+
+
+@contextlib.contextmanager
+def serve_in_thread(app):
+    """`app` (leapvox.app.serve.build_app) served by make_server on a thread, on a free localhost port: yields its
+    base URL (http://127.0.0.1:PORT); on the way out the server is asked to stop and its thread joined."""
+    from leapvox.app.serve import listen, make_server
+
+    sock = listen("127.0.0.1", 0)
+    srv = make_server(app, grace=5)
+    thread = threading.Thread(target=srv.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 120
+        while not srv.started and thread.is_alive() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert srv.started, "the in-process server did not start"
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+    finally:
+        srv.should_exit = True
+        thread.join(60)
+        sock.close()

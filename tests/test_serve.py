@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from .conftest import FIXTURES
+from .conftest import FIXTURES, serve_in_thread
 
 openai = pytest.importorskip("openai", reason="the server tests need the openai client: pip install -e '.[test]'")
 pytest.importorskip("uvicorn", reason="the server needs uvicorn and starlette: pip install -e '.[test]'")
@@ -406,26 +406,12 @@ def test_sigterm_ends_a_stream_cleanly_after_the_grace():
 
 @contextlib.contextmanager
 def in_process(model, name: str):
-    """An openai client on `model` served by build_app + make_server in a thread (no API key)."""
-    from leapvox.app.serve import build_app, listen, make_server
+    """An openai client on `model` served by build_app on a thread (conftest.serve_in_thread; no API key)."""
+    from leapvox.app.serve import build_app
     from leapvox.app.serve_request import Settings
 
-    app = build_app(model, Settings(name, max_frames=3))
-    sock = listen("127.0.0.1", 0)
-    srv = make_server(app, grace=5)
-    thread = threading.Thread(target=srv.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    try:
-        deadline = time.monotonic() + 120
-        while not srv.started and thread.is_alive() and time.monotonic() < deadline:
-            time.sleep(0.02)
-        assert srv.started
-        port = sock.getsockname()[1]
-        yield openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0, timeout=300)
-    finally:
-        srv.should_exit = True
-        thread.join(60)
-        sock.close()
+    with serve_in_thread(build_app(model, Settings(name, max_frames=3))) as url:
+        yield openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=300)
 
 
 def same_wav(streamed: bytes, file: bytes) -> bool:

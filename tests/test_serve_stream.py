@@ -9,7 +9,6 @@ import contextlib
 import http.client
 import json
 import logging
-import threading
 import time
 
 import pytest
@@ -20,35 +19,23 @@ ws_client = pytest.importorskip("websockets.sync.client", reason="the stream tes
                                 "'.[test]'")
 from websockets.exceptions import ConnectionClosed, InvalidStatus  # noqa: E402
 
+from .conftest import serve_in_thread  # noqa: E402
+
 KEY = "test-key-0123456789"
 MAX_FRAMES = 40  # per sentence: bounded test time
 SETTINGS = {"model": "demo", "voice": "leap", "response_format": "pcm", "seed": 7}
 LONG = " ".join(f"Sentence number {n} is here." for n in range(1, 13))
 
 
-@contextlib.contextmanager
-def serving(model, model_id: str = "demo", sock=None, **settings):
-    """build_app + make_server on a thread, on a free localhost port (or `sock`): yields its base URL
-    (http://127.0.0.1:PORT)."""
-    from leapvox.app.serve import build_app, listen, make_server
+def serving(model, model_id: str = "demo", **settings):
+    """A context manager: build_app served on a thread (conftest.serve_in_thread), on a free localhost port, giving
+    its base URL (http://127.0.0.1:PORT)."""
+    from leapvox.app.serve import build_app
     from leapvox.app.serve_request import Settings
 
     # a logger of its own: "leapvox.serve" may hold a handler on an earlier test's captured (closed) stderr
     app = build_app(model, Settings(model_id, **{"max_frames": MAX_FRAMES, **settings}), logging.getLogger(__name__))
-    sock = sock or listen("127.0.0.1", 0)
-    srv = make_server(app, grace=5)
-    thread = threading.Thread(target=srv.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    try:
-        deadline = time.monotonic() + 120
-        while not srv.started and thread.is_alive() and time.monotonic() < deadline:
-            time.sleep(0.02)
-        assert srv.started
-        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
-    finally:
-        srv.should_exit = True
-        thread.join(60)
-        sock.close()
+    return serve_in_thread(app)
 
 
 @pytest.fixture(scope="module")
