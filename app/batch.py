@@ -32,13 +32,15 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from leapvox.engine.options import MODES, OptionError, build_options, check_options, check_text, validate
+from leapvox.engine.options import AUTO, MODE_CHOICES, OptionError, build_options, check_options, check_text, validate
 
 from .common import (
     EXIT_FAILED,
     EXIT_OK,
+    MODE_AUTO_HELP,
     Terminated,
     UsageError,
+    choose,
     clean_text,
     cli_name,
     flag_values,
@@ -93,7 +95,8 @@ def add_commands(sub) -> None:
     b.add_argument("--speaker", help="speaker of items that name none (see 'leapvox speakers')")
     b.add_argument("--language", help="language of items that name none (default auto)")
     b.add_argument("--instruct", help="style instruction of items that give none (1.7B models)")
-    b.add_argument("--mode", choices=MODES, help="decoding mode of items that name none (default ar)")
+    b.add_argument("--mode", choices=MODE_CHOICES, help="decoding mode of items that name none: ar, spec, windowed, "
+                   f"or {MODE_AUTO_HELP} (default auto; the manifest records the mode and weights each item ran with)")
     b.add_argument("--temperature", type=float, help="sampling temperature for all codes (default 0.9)")
     b.add_argument("--top-k", type=int, help="keep the K most likely codes (default 50; 0 disables)")
     b.add_argument("--top-p", type=float, help="nucleus sampling mass (default 1.0 = off)")
@@ -262,10 +265,12 @@ def derive_seed(item_id: str) -> int:
     return int.from_bytes(hashlib.sha256(f"leapvox batch {item_id}".encode()).digest()[:8], "big")
 
 
-def check_items(items: list[Item], flags: dict, folder) -> None:
+def check_items(items: list[Item], flags: dict, folder, auto_mode: str = "ar") -> None:
     """Each item's options over the batch's flags, checked as speak checks its flags (engine.options) against the
     model's config: the first bad one is a usage error naming its line. Resolves voice (a speaker, or a Base model's
-    saved voice) and the seed in place."""
+    saved voice) and the seed in place; mode auto (or none) is checked as `auto_mode`, what it runs."""
+    from .batch_workers import run_mode
+
     base = folder.config.tts_model_type == "base"
     saved = _saved_voices(folder) if base else set()
     for it in items:
@@ -277,6 +282,7 @@ def check_items(items: list[Item], flags: dict, folder) -> None:
             raise UsageError(f"{it.where}: no saved voice {o['voice']!r} for this model",
                              hint=f"saved voices: {', '.join(sorted(saved)) or 'none (leapvox voices add)'}")
         given = {**flags, **o}
+        given["mode"] = run_mode(given, auto_mode)
         try:
             check_options({k: v for k, v in given.items() if k != "voice"})
             validate(build_options(given, folder.defaults), folder.config, given.get("voice"))
@@ -440,14 +446,17 @@ def cmd_batch(args) -> int:
         say(f"warning: {warning}")
     check_out(args.out)
     folder = open_model(args, pull=True, say=quiet_or(args))
-    check_items(items, flags, folder)
+    # mode auto and --weights auto: by the tune profile, once for the whole batch (every worker, every Ray node)
+    uses_auto = any(({**flags, **it.options}.get("mode") or AUTO) == AUTO for it in items)
+    choice = choose(args, folder, AUTO if uses_auto else "ar")
+    check_items(items, flags, folder, choice.mode)
     lock, manifest = open_out(args.out)
-    job = Job(args.model, args.weights, _threads(args), args.format, flags)
-    key = {"model": args.model, "weights": args.weights}
+    job = Job(args.model, choice.weights, _threads(args), args.format, flags, choice.mode)
+    key = {"model": args.model, "weights": choice.weights}  # the weights as run: an item made in others is redone
     try:
         dirty = manifest.read()
         done = {it.id for it in items if _done(manifest.entries.get(it.id), args.out,
-                                                {**key, "item": it.record()})}
+                                                {**key, "mode": _mode_of(it, job), "item": it.record()})}
         redo = {it.id for it in items} - done
         if dirty or redo & manifest.entries.keys():
             manifest.entries = {i: e for i, e in manifest.entries.items() if i not in redo}
@@ -457,13 +466,20 @@ def cmd_batch(args) -> int:
             say(f"leapvox: batch: nothing to do, all {len(items)} items are done ({args.out / MANIFEST})")
         elif done:
             quiet_or(args)(f"{len(done)} of {len(items)} items done before, {len(todo)} to go")
-        code = _run(args, job, key, todo, manifest, len(done)) if todo else EXIT_OK
+        code = _run(args, job, key, todo, manifest, len(done), choice.line()) if todo else EXIT_OK
         if code in (EXIT_OK, EXIT_FAILED):
             _asr_check(args, items, manifest)
         return code
     finally:
         manifest.close()
         lock.close()
+
+
+def _mode_of(it: Item, job) -> str:
+    """The mode item `it` runs (its manifest entry records it)."""
+    from .batch_workers import run_mode
+
+    return run_mode({**job.flags, **it.options}, job.auto_mode)
 
 
 def _results(args, job, todo):
@@ -475,8 +491,9 @@ def _results(args, job, todo):
     return run_local(job, records, min(args.workers or 1, len(todo)))
 
 
-def _run(args, job, key: dict, todo: list[Item], manifest: Manifest, skipped: int) -> int:
-    """Speak `todo`, writing each result as it comes; the summary; 0 all written, 1 some failed, 130 interrupted."""
+def _run(args, job, key: dict, todo: list[Item], manifest: Manifest, skipped: int, chosen: str = "") -> int:
+    """Speak `todo`, writing each result as it comes; the summary (with `chosen`: what auto chose, and why); 0 all
+    written, 1 some failed, 130 interrupted."""
     import contextlib
 
     from tqdm import tqdm
@@ -491,7 +508,8 @@ def _run(args, job, key: dict, todo: list[Item], manifest: Manifest, skipped: in
         with contextlib.closing(results):
             bar.set_description_str(f"0/{len(todo)} items")
             for r in results:
-                entry = {"id": r["id"], "item": by_id[r["id"]].record(), **key, "threads": job.threads}
+                it = by_id[r["id"]]
+                entry = {"id": r["id"], "item": it.record(), **key, "mode": _mode_of(it, job), "threads": job.threads}
                 try:
                     entry.update(write_file(args.out, r, args.format) if "error" not in r else {"error": r["error"]})
                 except OSError as e:
@@ -521,7 +539,7 @@ def _run(args, job, key: dict, todo: list[Item], manifest: Manifest, skipped: in
         + (f" ({', '.join(failed[:5])}{', ...' if len(failed) > 5 else ''}: see {args.out / MANIFEST})"
            if failed else "")
         + f"; {audio_s:.1f} s of audio in {wall:.1f} s, xRT {audio_s / wall if wall else 0:.2f}, "
-        f"{(ok + len(failed)) / wall if wall else 0:.2f} items/s")
+        f"{(ok + len(failed)) / wall if wall else 0:.2f} items/s" + (f"; {chosen}" if chosen else ""))
     return EXIT_FAILED if failed else EXIT_OK
 
 

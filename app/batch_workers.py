@@ -15,6 +15,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 from leapvox.engine.errors import LeapvoxError
+from leapvox.engine.options import AUTO
 
 RAY_HINT = 'pip install "leapvox[ray]"'
 IN_FLIGHT = 2  # items queued per Ray actor: the next one is there when the last finishes
@@ -25,10 +26,17 @@ class Job:
     """What every worker of one batch shares (picklable: it travels to processes and Ray actors)."""
 
     model: str  # --model as given: each machine of a Ray cluster resolves it itself
-    weights: str
+    weights: str  # a weight format, `auto` resolved once by the driver (models.auto): every worker loads the same
     threads: int  # torch threads per worker: fp32 samples are bit-exact at one thread count
     fmt: str  # wav or flac
     flags: dict  # the batch's option flags (engine.options OPTION_KEYS); an item's own fields override them
+    auto_mode: str = "ar"  # what mode `auto` (an item's, the flag's, or neither given) runs: chosen once by the driver
+
+
+def run_mode(given: dict, auto_mode: str) -> str:
+    """The mode an item runs: its own, else the batch's --mode, else auto; auto is `auto_mode` (models.auto)."""
+    mode = given.get("mode") or AUTO
+    return auto_mode if mode == AUTO else mode
 
 
 def message(e: BaseException) -> str:
@@ -80,6 +88,7 @@ class Worker:
         t0 = time.perf_counter()
         try:
             given = {**self.job.flags, **item["options"]}
+            given["mode"] = run_mode(given, self.job.auto_mode)
             voice = self._voice(given.pop("voice", None))
             opts = validate(build_options(given, self.model.defaults), self.model.config, voice)
             s = self.synth.synthesize(item["text"], opts, voice=voice, **self.chunking)

@@ -30,6 +30,7 @@ COMMANDS = {
     "paths": ("leapvox.app.manage", "where leapvox and the Hugging Face cache keep files"),
     "bench": ("leapvox.app.bench", "this machine, this model: speed per decoding mode and weight format"),
     "doctor": ("leapvox.app.doctor", "check this installation: Python, torch, audio, espeak-ng, models"),
+    "tune": ("leapvox.app.tune", "tune a model for this machine: the mode and weights --mode/--weights auto pick"),
     "recipe": ("leapvox.app.recipes", "recipes that make model assets: offsets, tree, window, coreml, demo"),
 }
 # the recipes' old top-level names -> their names under `recipe` (a one-line error says the new spelling)

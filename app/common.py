@@ -9,6 +9,7 @@ import re
 import sys
 
 from leapvox.engine.options import (
+    AUTO,
     BACKEND_CHOICES,
     COMPUTE_UNIT_CHOICES,
     OPTION_KEYS,
@@ -21,10 +22,16 @@ from leapvox.engine.options import (
 from leapvox.models.catalog import default_model
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
-WEIGHT_CHOICES = ("auto", *WEIGHT_FORMATS)
-# --weights default: auto = w8a8 where torch's quantized kernels run, else int8 (engine.fast.quant.resolve_weights): the
-# fastest on the CPUs measured, fidelity measured (tests/benchmarks/README.md)
-DEFAULT_WEIGHTS = "auto"
+WEIGHT_CHOICES = (AUTO, *WEIGHT_FORMATS)
+# --weights default: auto = the format `leapvox tune` chose for this model on this machine (models.auto), else w8a8
+# where torch's quantized kernels run, else int8 (engine.fast.quant.resolve_weights): the fastest on the CPUs
+# measured, fidelity measured (tests/benchmarks/README.md)
+DEFAULT_WEIGHTS = AUTO
+# --mode default: auto. Without a tune profile it is exactly ar (the same codes for a seed), so an untuned model speaks
+# as before; a tuned one gets the mode its profile measured to be faster here. --mode ar stays the reference.
+DEFAULT_MODE = AUTO
+MODE_AUTO_HELP = ("auto: the mode `leapvox tune` chose for this model on this machine (spec where it measured it "
+                  "faster), else ar")
 
 
 class UsageError(Exception):
@@ -85,8 +92,8 @@ def model_args(p: argparse.ArgumentParser) -> None:
         help="weight format of the talker and code predictor: fp32, bf16, int8 (8-bit weights, bf16 activations), "
         "w8a8 (8-bit weights and activations, integer products), w4a8 (4-bit weights in groups of 64, 8-bit "
         "activations, leapvox's compiled AVX-512 kernel only: the fastest, less faithful), int4 (4-bit weights, "
-        "bf16 activations, torch's kernel), or auto: w8a8 where torch's quantized kernels run, else int8 "
-        f"(default {DEFAULT_WEIGHTS})",
+        "bf16 activations, torch's kernel), or auto: the format `leapvox tune` chose for this model on this "
+        f"machine, else w8a8 where torch's quantized kernels run, else int8 (default {DEFAULT_WEIGHTS})",
     )
     p.add_argument("--dtype", dest="weights", choices=["fp32", "bf16"], help=argparse.SUPPRESS)  # old name
 
@@ -129,13 +136,25 @@ def open_model(args, pull: bool = False, say=tell):
                       progress=pull and sys.stderr.isatty() and not getattr(args, "quiet", False))
 
 
-def load(args, model=None, pull: bool = False, say=tell):
-    """The model the command's --model (or `model`, the ModelFolder it opened), --weights and --backend name,
-    ready to speak."""
+def choose(args, model, mode: str | None = None):
+    """The mode and weights this request runs (models.auto.Choice): the command's --mode (or `mode`; ar where the
+    command has none) and --weights, `auto` resolved for `model` (a ModelFolder or a loaded model) by its tune
+    profile on this machine and --backend. Once per request, before the weights load."""
+    from leapvox.models.auto import choose as choose_auto
+
+    mode = mode or getattr(args, "mode", None) or "ar"
+    weights = getattr(model, "weights", None) or getattr(args, "weights", None) or AUTO  # a loaded model's are known
+    backend = getattr(model, "backend_name", None) or getattr(args, "backend", "cpu")
+    return choose_auto(model.path, mode, weights, backend, getattr(args, "model", None))
+
+
+def load(args, model=None, pull: bool = False, say=tell, weights: str | None = None):
+    """The model the command's --model (or `model`, the ModelFolder it opened), --weights (or `weights`, what a
+    Choice resolved it to) and --backend name, ready to speak."""
     from leapvox.models.load import load_model
 
     model = model or open_model(args, pull, say)
-    return load_model(model, args.weights, getattr(args, "backend", "cpu"),
+    return load_model(model, weights or args.weights, getattr(args, "backend", "cpu"),
                       compute_units=getattr(args, "compute_units", "cpu_and_ne"), say=say)
 
 
@@ -356,9 +375,13 @@ def check_speak(args, text: str) -> None:
     check_backend(args)
 
 
-def speak_options(args, model, voice=None):
+def speak_options(args, model, voice=None, choice=None):
     """The SynthesisOptions of the command's flags over the defaults of `model` (a ModelFolder or a loaded model),
     validated once against it (engine.options.validate): a bad --speaker, --language, or a voice the model type
     does not take, is one line before the weights load. `voice`: the cloned voice, or what stands for it (a saved
-    voice's name, a clip)."""
-    return validate(build_options(flag_values(args), model.defaults), model.config, voice, cli_name)
+    voice's name, a clip). --mode auto becomes the mode `choice` (a models.auto.Choice) names, chosen here when
+    not given."""
+    given = flag_values(args)
+    if given.get("mode") == AUTO:
+        given["mode"] = (choice or choose(args, model)).mode
+    return validate(build_options(given, model.defaults), model.config, voice, cli_name)

@@ -258,6 +258,8 @@ def models() -> list[dict]:
                 row["present"] = True
                 _m, problems = hub.local_state(spec, mode="changed")
                 row["verified"] = not problems
+                if _m is not None and not problems:
+                    row["tune"] = tune_status(hub.repo_folder(spec.repo_id) / "snapshots" / _m["commit"], entry.name)
                 if problems:
                     name, problem = next(iter(problems.items()))
                     row["problem"] = f"{name}: {problem}" + (f" (+{len(problems) - 1} more)" if len(problems) > 1
@@ -272,6 +274,7 @@ def models() -> list[dict]:
                 recorded = read_bundled_manifest(entry.bundled)  # a bundled model's hashes (MANIFEST.json)
                 problems = check_bundled(entry.bundled, recorded) if recorded is not None else {}
                 row["verified"] = not problems
+                row["tune"] = tune_status(entry.bundled, entry.name)
                 if problems:
                     name, problem = next(iter(problems.items()))
                     row["problem"] = f"{name}: {problem}" + (f" (+{len(problems) - 1} more)" if len(problems) > 1
@@ -280,6 +283,27 @@ def models() -> list[dict]:
             row.update(verified=False, problem=str(e))
         out.append(row)
     return out
+
+
+def tune_status(folder: Path, name: str) -> dict:
+    """The model's tune profile here (models.auto.profile_status): {"state": fresh | unused | none, "line",
+    "profile": its file}; what `--mode auto` and `--weights auto` follow."""
+    from leapvox.models.auto import profile_status
+    from leapvox.models.profile import profile_path
+
+    try:
+        state, text = profile_status(folder, name)
+    except OSError as e:  # its weight files unreadable: the fingerprint cannot be taken
+        state, text = "unused", f"tune profile not checked: {e.strerror or e}"
+    return {"state": state, "line": text, "profile": str(profile_path(folder))}
+
+
+def other_profiles(shown: list[str]) -> list[str]:
+    """Tune profiles in leapvox's data folder besides the `shown` ones (checkpoint folders, other machines)."""
+    from leapvox.models.paths import leapvox_dirs
+
+    folder = leapvox_dirs()["data"] / "profiles"
+    return sorted(str(p) for p in folder.glob("*.json") if str(p) not in shown) if folder.is_dir() else []
 
 
 def espeak() -> dict:
@@ -324,6 +348,7 @@ def speak_check(model: str | None, model_rows: list[dict], espeak_info: dict) ->
     try:
         folder = hub.resolve_model_path(model, pull=False)
         out["folder"] = str(folder)
+        out["tune"] = tune_status(folder, model)
         load_config(folder)
         raw = read_json(folder / "config.json")
     except LeapvoxError as e:
@@ -364,6 +389,8 @@ def collect(model: str | None = None) -> dict:
     formats = weight_formats()
     model_rows = models()
     esp = espeak()
+    speak = speak_check(model, model_rows, esp)
+    shown = [r["tune"]["profile"] for r in [*model_rows, speak] if r.get("tune")]
     return {
         "versions": v,
         "threads": threads(),
@@ -373,7 +400,8 @@ def collect(model: str | None = None) -> dict:
         "paths": paths(),
         "models": model_rows,
         "espeak_ng": esp,
-        "speak": speak_check(model, model_rows, esp),
+        "speak": speak,
+        "other_profiles": other_profiles(shown),
     }
 
 
@@ -439,6 +467,15 @@ def render(r: dict) -> str:
             state += f": {m['problem']}"
         texts.append(f"{m['name']:<{width}}  {state}")
     block("models", texts)
+    tuned = [(m["name"], m["tune"]) for m in r["models"] if m.get("tune")]
+    s = r["speak"]
+    if s.get("tune") and s["model"] not in {name for name, _ in tuned}:
+        tuned.append((s["model"], s["tune"]))
+    others = r.get("other_profiles", [])
+    width = max([len(name) for name, _ in tuned], default=0)
+    block("tune", [f"{name:<{width}}  {t['line']}" for name, t in tuned]
+          + ([f"{len(others)} other profile(s) in {Path(others[0]).parent} (other models or machines)"]
+             if others else []))
     e = r["espeak_ng"]
     row("espeak-ng", f"{e['path']} ({e['version']})" if e["path"] else "not installed (only the demo model needs it)")
     s = r["speak"]

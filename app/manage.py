@@ -135,6 +135,10 @@ def cmd_pull(args) -> int:
     folder = hub.pull(spec, say=note, progress=sys.stderr.isatty())
     say(f"{spec.label} is ready" if downloaded else f"{spec.label} is already downloaded and intact")
     print(folder)
+    from leapvox.app.tune import offer_line
+
+    if line := offer_line(folder, spec.name):  # an offer, never run or asked for: pull's output stays the folder
+        say(line)
     return 0
 
 

@@ -25,7 +25,18 @@ from types import SimpleNamespace
 
 from leapvox.engine.errors import LeapvoxError
 
-from .common import EXIT_OK, UsageError, backend_args, load, model_args, quiet_or, require_model, tell
+from .common import (
+    EXIT_OK,
+    UsageError,
+    backend_args,
+    choose,
+    load,
+    model_args,
+    open_model,
+    quiet_or,
+    require_model,
+    tell,
+)
 from .serve_request import (
     ApiError,
     Settings,
@@ -49,7 +60,9 @@ def add_commands(sub) -> None:
         "opus stream as they are produced; flac and mp3 are sent when synthesis ends), GET /v1/models, "
         "GET /v1/audio/voices, GET /health; and WS /v1/audio/speech/stream, text in as it is written (an LLM's "
         "deltas), audio out sentence by sentence (the protocol: README, or app/serve_stream.py). One request is "
-        "synthesised at a time; others wait in a bounded queue (429 with Retry-After when it is full).",
+        "synthesised at a time; others wait in a bounded queue (429 with Retry-After when it is full). A request's "
+        "mode (leapvox's own field: auto, ar, spec, windowed) defaults to auto: the mode leapvox tune chose for this "
+        "model here, else ar; --weights auto follows the same profile. GET /health says what auto chose and why.",
         epilog="examples:\n  leapvox serve\n"
         "  LEAPVOX_API_KEY=secret leapvox serve --host 0.0.0.0 --model qwen3-tts-0.6b\n"
         "  curl localhost:8880/v1/audio/speech -d '{\"model\": \"demo\", \"input\": \"Hello.\", "
@@ -212,8 +225,9 @@ def build_app(model, settings: Settings, log: logging.Logger | None = None):
 
     async def health(request):
         q = state.queue
+        auto = {"mode": settings.auto_mode, "why": settings.auto_why}
         return JSONResponse({"status": "ok", "model": settings.model_id, "weights": model.weights,
-                             "backend": model.backend_name, "busy": q.busy, "queue_depth": q.waiting,
+                             "backend": model.backend_name, "auto": auto, "busy": q.busy, "queue_depth": q.waiting,
                              "queue_limit": q.max_waiting, "streams": len(state.streams), **vars(q.counters),
                              "last": q.last})
 
@@ -321,7 +335,7 @@ def listen(host: str, port: int):
                            hint="pick another --port (0 picks a free one)" if port else None) from None
 
 
-def load_on_own_thread(args):
+def load_on_own_thread(args, folder=None, weights: str | None = None):
     """The model, loaded on a thread that has ended when this returns. torch's OpenMP runtime (libgomp) keeps a
     pool of threads for each thread that ran parallel work, and while its pools hold more threads than there are
     CPUs it sleeps between parallel regions instead of spin-waiting: after a load on the main thread, synthesis on
@@ -331,7 +345,7 @@ def load_on_own_thread(args):
 
     def run() -> None:
         try:
-            out["model"] = load(args, pull=True, say=quiet_or(args))
+            out["model"] = load(args, model=folder, pull=True, say=quiet_or(args), weights=weights)
         except BaseException as e:  # raised again on the main thread (a one-line error there)
             out["error"] = e
 
@@ -349,14 +363,17 @@ def cmd_serve(args) -> int:
     require_model(args)
     sock = listen(args.host, args.port)
     try:
-        model = load_on_own_thread(args)
+        folder = open_model(args, pull=True, say=quiet_or(args))
+        choice = choose(args, folder, "auto")  # a request's mode auto, and --weights auto: once, before the load
+        model = load_on_own_thread(args, folder, choice.weights)
         settings = Settings(model_id(args.model), args.api_key, args.queue, args.max_input, args.max_frames,
-                            args.log_text)
+                            args.log_text, choice.mode, choice.why)
         app = build_app(model, settings, make_logger())
         host, port = sock.getsockname()[:2]
         url = f"http://{f'[{host}]' if ':' in host else host}:{port}/v1"
         tell(f"serving {settings.model_id} ({model.weights}, {model.backend_name}) at {url} (queue {args.queue}, "
              f"API key {'required' if args.api_key else 'off'}; Ctrl-C stops)")
+        tell(f"requests' mode {choice.line()}")
         if not any(importlib.util.find_spec(name) for name in ("websockets", "wsproto")):
             tell("the speech stream (WS /v1/audio/speech/stream) is off: uvicorn needs websockets "
                  '(pip install "leapvox[serve]")')

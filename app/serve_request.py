@@ -9,7 +9,7 @@ import logging
 from dataclasses import dataclass
 
 from leapvox.engine.errors import InputError, LeapvoxError
-from leapvox.engine.options import MODES, OptionError, build_options, check_options, check_text, validate
+from leapvox.engine.options import AUTO, MODE_CHOICES, OptionError, build_options, check_options, check_text, validate
 
 from .common import clean_text
 
@@ -36,6 +36,8 @@ class Settings:
     max_input: int = 4096
     max_frames: int | None = None
     log_text: bool = False
+    auto_mode: str = "ar"  # what a request's mode `auto` (the default) runs: chosen at start (models.auto)
+    auto_why: str = ""
 
     @property
     def max_body(self) -> int:
@@ -206,8 +208,10 @@ def _parse_speech(req, model, settings: Settings, formats: list[str], stream: bo
         raise ApiError(400, "speed is not implemented by leapvox; only 1.0 (the default) is accepted", "speed",
                        "unsupported_speed")
     # the options `leapvox speak` builds from the same flags, by the same rules: the same seed, the same samples
-    given = {"mode": _choice(req, "mode", MODES, "ar"), "seed": req.get("seed"), "language": req.get("language"),
-             "instruct": instructions, "speaker": speaker, "max_frames": settings.max_frames}
+    mode = _choice(req, "mode", MODE_CHOICES, AUTO)
+    given = {"mode": settings.auto_mode if mode == AUTO else mode, "seed": req.get("seed"),
+             "language": req.get("language"), "instruct": instructions, "speaker": speaker,
+             "max_frames": settings.max_frames}
     for warning in check_options(given, field_name):
         logging.getLogger("leapvox.serve").warning("speech: %s", warning)  # as the stream's own warnings
     return text, validate(build_options(given, model.defaults), cfg, voice, field_name), fmt, voice

@@ -13,13 +13,16 @@ import time
 from pathlib import Path
 
 from leapvox.engine.errors import LeapvoxError
-from leapvox.engine.options import MODES
+from leapvox.engine.options import MODE_CHOICES
 
 from .common import (
+    DEFAULT_MODE,
     EXIT_OK,
+    MODE_AUTO_HELP,
     UsageError,
     backend_args,
     check_speak,
+    choose,
     load,
     model_args,
     open_model,
@@ -79,7 +82,11 @@ def add_commands(sub) -> None:
         "--text-layout", choices=["non-streaming", "streaming"], default="non-streaming",
         help="all text in the prompt (default, as the official package) or text rows riding on frames",
     )
-    s.add_argument("--mode", choices=MODES, default="ar", help="decoding mode (default ar)")
+    s.add_argument("--mode", choices=MODE_CHOICES, default=DEFAULT_MODE,
+                   help="decoding mode: ar (the reference: the official package's codes for a seed), spec (the "
+                   "same distribution, faster where the model has trained offsets), windowed (bounded memory, an "
+                   f"approximation), or {MODE_AUTO_HELP} (default {DEFAULT_MODE}; the summary line says what it "
+                   "chose and why)")
     s.add_argument(
         "--window", type=int, metavar="W", help="windowed mode: frames the talker attends to besides the prompt "
         "(default 48); an approximation on a full-attention model until an adapted checkpoint exists"
@@ -275,14 +282,15 @@ def cmd_speak(args) -> int:
     device, play = _audio_device(args) if args.play else (None, False)  # no sound here: one line now
     ref_wav = _reference(args)  # a bad clip: one line now, not after the load
     folder = open_model(args, pull=True, say=quiet_or(args))  # resolved once: its config.json read once
+    choice = choose(args, folder)  # --mode auto, --weights auto: by the tune profile, once, before the load
     # validated once, before the load (a bad --speaker or --language, --voice on a model that takes none)
-    opts = speak_options(args, folder, args.voice if args.voice else ref_wav)
+    opts = speak_options(args, folder, args.voice if args.voice else ref_wav, choice)
     voice = _saved_voice(args, folder)
     writer = _open_writer(args)
     player, codes, stats = None, [], None
     progress = Progress(False)
     try:
-        model = load(args, folder, say=quiet_or(args))
+        model = load(args, folder, say=quiet_or(args), weights=choice.weights)
         if ref_wav is not None:  # encoded now, with the model's encoders
             voice = model.clone(ref_wav, " ".join(args.ref_text.split()) if args.ref_text else None)
         player = _open_player(args, model.sample_rate, device) if play else None
@@ -317,7 +325,7 @@ def cmd_speak(args) -> int:
         say(f"warning: {w}")
     if args.codes:
         _write_codes(args.codes, codes)
-    quiet_or(args, say)(_summary(args, stats, player))
+    quiet_or(args, say)(_summary(args, stats, player) + (f"; {choice.line()}" if choice.line() else ""))
     return EXIT_OK
 
 

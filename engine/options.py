@@ -18,6 +18,11 @@ TEXT_LAYOUTS: tuple[str, ...] = ("non-streaming", "streaming")
 # MODES, and `Synthesizer` turns a mode into its cache policy and predictor strategy (synthesis.decode_frames).
 MODES: tuple[str, ...] = ("ar", "spec", "windowed")
 
+# What a user may ask for: a mode, or `auto`, which leapvox's commands resolve per request before the weights load
+# (models.auto: the model's tune profile here, else ar); the Synthesizer only ever sees one of MODES.
+AUTO = "auto"
+MODE_CHOICES: tuple[str, ...] = (AUTO, *MODES)
+
 MODE_HELP = {
     "ar": "plain autoregressive: one talker step and 15 code-predictor calls per frame",
     "spec": "speculative: the code predictor drafts several codes per call and verifies them",
@@ -167,7 +172,7 @@ def check_options(given: Mapping, name=_same) -> list[str]:
             warnings.append(f"{name(key)} has no effect {why}")
 
     if mode != "windowed":
-        ignored("window", f"with {name('mode')} {mode}")
+        ignored("window", f"with {name('mode')} {mode}" + (" (auto never runs windowed)" if mode == AUTO else ""))
     if given.get("greedy") or given.get("temperature") == 0:  # argmax: nothing is sampled
         why = f"with {name('greedy')}" if given.get("greedy") else f"with {name('temperature')} 0"
         for key in SAMPLED:
@@ -271,6 +276,7 @@ def _checked_options(opts: SynthesisOptions, cfg: TTSConfig, voiced: bool, name)
     _check_sampling("talker", opts.talker, name)
     _check_sampling("code-predictor", opts.predictor, name)
     if opts.mode not in MODES:
+        hint = "auto is chosen before synthesis (leapvox.models.auto.choose); " if opts.mode == AUTO else ""
         raise OptionError(name("mode"), f"unknown decoding mode {opts.mode!r}",
-                          hint=f"this build offers: {', '.join(MODES)}")
+                          hint=f"{hint}this build offers: {', '.join(MODES)}")
     return replace(opts, speaker=speaker, language=language, instruct=opts.instruct or None)

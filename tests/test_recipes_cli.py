@@ -7,8 +7,8 @@ import pytest
 
 from leapvox.app.cli import COMMANDS, RENAMED, build_parser, main
 
-USER_COMMANDS = {"speak", "tui", "serve", "batch", "voices", "models", "compare", "bench", "doctor", "paths", "speakers",
-                 "devices"}
+USER_COMMANDS = {"speak", "tui", "serve", "batch", "voices", "models", "compare", "bench", "doctor", "paths",
+                 "speakers", "devices", "tune"}
 RECIPES = ["offsets", "tree", "bench-spec", "window", "bench-window", "coreml", "demo"]
 
 

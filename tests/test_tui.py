@@ -20,7 +20,7 @@ from leapvox.app.tui.history import History
 from leapvox.app.tui.model_info import ModelInfo
 from leapvox.app.tui.readout import Readout
 from leapvox.engine.backend import available_backends
-from leapvox.engine.options import MODES
+from leapvox.engine.options import MODE_CHOICES, MODES
 from leapvox.models.load import load_model
 
 from .conftest import FIXTURES
@@ -83,7 +83,9 @@ async def _type_speak_readouts_save_and_snapshot(tmp_path):
         await pilot.click("#speak")
         await until(pilot, lambda: len(history.utterances) == 1)
         u = history.utterances[0]
-        assert u.text == "Hello there." and u.mode == MODES[0] and u.stats.frames == 8 and not u.cancelled
+        # the selector starts on auto; without a tune profile auto runs ar, and the readouts say it was auto's choice
+        assert u.text == "Hello there." and u.mode == "ar" and u.auto and u.stats.frames == 8 and not u.cancelled
+        assert readout.auto and app.query_one(ModelInfo).auto.startswith("mode auto -> ar (no tune profile here")
         assert len(u.audio) == 8 * 1920 and u.playback.underruns >= 0
         assert len(seen) >= 3  # the readout moved while it spoke, not only at the end
         assert readout.stats.frames == 8 and readout.stats.xrt > 0
@@ -96,6 +98,7 @@ async def _type_speak_readouts_save_and_snapshot(tmp_path):
         svg = app.export_screenshot()
         (tmp_path / "main.svg").write_text(svg)
     text = svg.replace("&#160;", " ")
+    assert "ar (auto)" in text and "auto: mode auto -&gt; ar" in text  # the readout and the model line
     for label in ("Speak", "Stop", "×RT", "steps/s", "tok/call", "first", "KV", "talker", "predictor", "codec",
                   "history", "model:", "tiny-0b6", "speaker", "language", "mode", "backend", "Save", "WAV"):
         assert label in text, label
@@ -122,9 +125,9 @@ async def _stop_mid_utterance_then_switch_voice(tmp_path):
         assert u.cancelled and u.stats.stop_reasons[-1] == "cancelled" and u.stats.sentence == 1
         assert not app.query_one("#speak", Button).disabled
 
-        # switch speaker and mode between utterances; the mode selector lists exactly the available modes
+        # switch speaker and mode between utterances; the mode selector lists auto and exactly the available modes
         mode_select = app.query_one("#mode", Select)
-        assert [v for _, v in mode_select._options if v is not Select.NULL] == list(MODES)
+        assert [v for _, v in mode_select._options if v is not Select.NULL] == ["auto", *MODES]
         assert [v for _, v in app.query_one("#backend", Select)._options] == list(available_backends())
         app.query_one("#speaker", Select).value = "ryan"
         mode_select.value = MODES[-1]
@@ -134,7 +137,7 @@ async def _stop_mid_utterance_then_switch_voice(tmp_path):
         await pilot.press("f5")
         await until(pilot, lambda: len(history.utterances) == 2)
         v = history.utterances[1]
-        assert v.speaker == "ryan" and v.mode == MODES[-1] and v.stats.frames == 3 and not v.cancelled
+        assert v.speaker == "ryan" and v.mode == MODES[-1] and not v.auto and v.stats.frames == 3 and not v.cancelled
         await pilot.pause()
         assert history.selected is v  # the newest row is selected, so Save WAV saves it
 
@@ -171,7 +174,7 @@ async def _every_mode_fits_its_select(tmp_path):
     async with app.run_test(size=SIZE) as pilot:
         await until(pilot, lambda: not app.query_one("#speak", Button).disabled)
         select, bar = app.query_one("#mode", Select), app.query_one("#voice")
-        for mode in MODES:
+        for mode in MODE_CHOICES:
             select.value = mode
             await pilot.pause()
             label = select.query_one("SelectCurrent #label")

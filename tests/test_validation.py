@@ -137,7 +137,8 @@ def test_play_resolves_the_device_before_the_load(monkeypatch):
 # ---- 2. warnings for flags without effect ---------------------------------------------------------------------------
 
 @pytest.mark.parametrize("flags, warnings", [
-    (["--window", "12"], ["--window has no effect with --mode ar"]),
+    (["--window", "12"], ["--window has no effect with --mode auto (auto never runs windowed)"]),
+    (["--window", "12", "--mode", "ar"], ["--window has no effect with --mode ar"]),
     (["--window", "12", "--mode", "spec"], ["--window has no effect with --mode spec"]),
     (["--greedy", "--temperature", "0.5", "--top-k", "5", "--top-p", "0.9"],
      ["--temperature has no effect with --greedy", "--top-k has no effect with --greedy",
@@ -147,9 +148,9 @@ def test_play_resolves_the_device_before_the_load(monkeypatch):
     # and only those: each flag below that takes effect says nothing
     (["--window", "12", "--mode", "windowed", "--device", "3"], ["--device has no effect without --play"]),
     (["--greedy", "--repetition-penalty", "1.1", "--max-frames", "9", "--window", "4"],
-     ["--window has no effect with --mode ar"]),
+     ["--window has no effect with --mode auto (auto never runs windowed)"]),
     (["--temperature", "0.7", "--top-k", "5", "--top-p", "0.9", "--seed", "1", "--window", "4"],
-     ["--window has no effect with --mode ar"]),
+     ["--window has no effect with --mode auto (auto never runs windowed)"]),
 ])
 def test_flags_without_effect_warn_before_the_load(tmp_path, capsys, stop_at_load, flags, warnings):
     code, out, err = run(capsys, "speak", "Hi.", "-o", tmp_path / "x.wav", "--model", MODEL, *flags)
@@ -160,7 +161,8 @@ def test_flags_without_effect_warn_before_the_load(tmp_path, capsys, stop_at_loa
 def test_device_with_play_is_not_warned_of(capsys, stop_at_load, monkeypatch):
     devices(monkeypatch, [SPEAKER])
     code, out, err = run(capsys, "speak", "Hi.", "--play", "--device", "3", "--window", "4", "--model", MODEL)
-    assert lines(err) == ["warning: --window has no effect with --mode ar", "leapvox: error: stopped at the model load"]
+    assert lines(err) == ["warning: --window has no effect with --mode auto (auto never runs windowed)",
+                          "leapvox: error: stopped at the model load"]
 
 
 def test_warnings_in_the_spelling_of_each_entry_point():
@@ -354,11 +356,13 @@ def test_tui_refuses_what_has_nothing_to_say(tmp_path):
 
 # ---- 6. one request: the model resolved, its config read and the options checked once -----------------------------
 
-def test_one_speak_request_resolves_reads_and_validates_once(tmp_path, capsys):
+@pytest.mark.parametrize("flags", [("--mode", "spec", "--weights", "fp32"), ("--mode", "auto", "--weights", "auto")])
+def test_one_speak_request_resolves_reads_and_validates_once(tmp_path, capsys, monkeypatch, flags):
     """One `speak --mode spec` request of two sentences on the demo model: the --model value resolved (hub.ensure)
     once, config.json and generation_config.json opened once each, the voice rule run once, and the options
     validated once (a `validate` that returns the options it was given has nothing left to check). Each was 2 to 4
-    before (issue #38)."""
+    before (issue #38). `auto` without a tune profile (models.auto) adds none of them."""
+    monkeypatch.setenv("LEAPVOX_HOME", str(tmp_path / "lv"))  # no tune profile
     import collections
     import sys
 
@@ -387,8 +391,8 @@ def test_one_speak_request_resolves_reads_and_validates_once(tmp_path, capsys):
     sys.addaudithook(opened)  # stays for the session; `tracing` turns it off
     sys.setprofile(calls)
     try:
-        code = main(["speak", "Hello there. Bye now.", "--mode", "spec", "--seed", "1", "--max-frames", "3",
-                     "--model", "demo", "--weights", "fp32", "-o", str(tmp_path / "x.wav"), "-q"])
+        code = main(["speak", "Hello there. Bye now.", *flags, "--seed", "1", "--max-frames", "3",
+                     "--model", "demo", "-o", str(tmp_path / "x.wav"), "-q"])
     finally:
         sys.setprofile(None)
         tracing.clear()

@@ -25,7 +25,7 @@ from leapvox.app.common import PieceCleaner, clean_text
 from leapvox.app.playback import AudioUnavailable, Player, output_devices
 from leapvox.engine.backend import available_backends
 from leapvox.engine.errors import LeapvoxError
-from leapvox.engine.options import MODES, build_options, check_text, validate
+from leapvox.engine.options import AUTO, MODE_CHOICES, build_options, check_text, validate
 from leapvox.engine.textfeed import FLUSH, TextFeed
 
 from .history import History
@@ -62,10 +62,13 @@ class LeapvoxApp(App):
         save_dir: Path | str = ".",
         backend: str = "cpu",
         compute_units: str = "cpu_and_ne",
+        auto=None,
     ):
         """`model` (a LoadedModel) skips loading `model_path`; `options` are the SynthesisOptions to start from
         (the model's defaults otherwise); `player_factory(sample_rate)` replaces the sound-card player; `backend`
-        is the one selected at the start (cpu, cuda or ane; ane runs with `compute_units`)."""
+        is the one selected at the start (cpu, cuda or ane; ane runs with `compute_units`); `auto` is what
+        --mode auto and --weights auto chose for `backend` (a models.auto.Choice; chosen once the model is ready
+        where not given)."""
         super().__init__()
         self.model_path, self.model, self.weights, self.options = model_path, model, weights, options
         self.device, self.player_factory, self.save_dir = device, player_factory, Path(save_dir)
@@ -75,6 +78,7 @@ class LeapvoxApp(App):
         self.busy = False
         self.spoken = 0
         self.live: LiveText | None = None  # speaking as the user types: what the worker is handed
+        self.auto = {backend: auto} if auto is not None else {}  # backend -> models.auto.Choice, chosen once each
 
     def compose(self) -> ComposeResult:
         yield Header()
@@ -83,7 +87,7 @@ class LeapvoxApp(App):
         with Horizontal(id="controls"):
             offered = available_backends()
             first = (self.first_backend,) if self.first_backend in offered else ()
-            yield VoiceBar(MODES, first + tuple(b for b in offered if b not in first), id="voice")
+            yield VoiceBar(MODE_CHOICES, first + tuple(b for b in offered if b not in first), id="voice")
             yield Button("Speak", id="speak", variant="success", disabled=True)
             yield Button("Stop", id="stop", variant="error", disabled=True)
         with Horizontal(id="panels"):
@@ -152,6 +156,7 @@ class LeapvoxApp(App):
         self.options = self.options or self.model.defaults
         info = self.query_one(ModelInfo)
         info.path, info.state = str(self.model.path), "ready"
+        info.auto = self._auto(self.first_backend).line()
         await self.query_one(VoiceBar).set_choices(self._speakers(), list(self.model.config.languages))
         self.query_one("#speak", Button).disabled = False
 
@@ -192,18 +197,32 @@ class LeapvoxApp(App):
             self.speak(text, *chosen)
 
     def _chosen(self):
-        """(options, backend, saved voice) as the voice bar sets them, checked by the one set of option rules; None
-        (and a notice) when they do not hold: a Base model without a saved voice is told now."""
+        """(options, backend, saved voice, whether the mode is auto) as the voice bar sets them, checked by the one
+        set of option rules; None (and a notice) when they do not hold: a Base model without a saved voice is told
+        now. Mode auto is what it chose (`_auto`)."""
         voice = self.query_one(VoiceBar).voice
         base = self.model.model_type == "base"
-        state = {"speaker": None if base else voice.speaker or None, "language": voice.language, "mode": voice.mode}
+        mode = self._auto(voice.backend).mode if voice.mode == AUTO else voice.mode
+        state = {"speaker": None if base else voice.speaker or None, "language": voice.language, "mode": mode}
         try:
             opts = validate(build_options(state, self.options), self.model.config,
                             (voice.speaker or None) if base else None)
         except LeapvoxError as e:
             self.notify(str(e) + (f" ({e.hint})" if e.hint else ""), severity="warning")
             return None
-        return opts, voice.backend, voice.speaker if base else None
+        self.query_one(Readout).auto = voice.mode == AUTO
+        if voice.mode == AUTO:
+            self.query_one(ModelInfo).auto = self._auto(voice.backend).line()
+        return opts, voice.backend, voice.speaker if base else None, voice.mode == AUTO
+
+    def _auto(self, backend: str):
+        """What mode auto runs on `backend` for the model loaded (models.auto.Choice; its weights are the loaded
+        ones): the tune profile's mode on cpu, else ar; chosen once per backend."""
+        if backend not in self.auto:
+            from leapvox.models.auto import choose
+
+            self.auto[backend] = choose(self.model.path, AUTO, self.model.weights, backend)
+        return self.auto[backend]
 
     def action_toggle_live(self) -> None:
         """Speak as I type: on, what is typed from now on is spoken sentence by sentence; off, the rest is spoken."""
@@ -265,7 +284,8 @@ class LeapvoxApp(App):
         self.query_one("#stop", Button).disabled = not busy
 
     @work(thread=True, exclusive=True, group="speak", exit_on_error=False)
-    def speak(self, text: str | LiveText, opts, backend: str, saved_voice: str | None = None) -> None:
+    def speak(self, text: str | LiveText, opts, backend: str, saved_voice: str | None = None,
+              auto: bool = False) -> None:
         """Speak `text`, or, a LiveText, what the user types as it is handed over (one utterance in the history;
         the player is ended while the worker waits for text, so a pause in the typing is no underrun)."""
         worker = get_current_worker()
@@ -309,7 +329,8 @@ class LeapvoxApp(App):
         speaker = opts.speaker or saved_voice or (self.model.config.speakers or ["-"])[0]
         said = text if live is None else " ".join(live.said.split())
         utterance = Utterance(self.spoken, said, speaker, opts.language, opts.mode, backend, wav,
-                              self.model.sample_rate, stats, player.stats if player else None, worker.is_cancelled)
+                              self.model.sample_rate, stats, player.stats if player else None, worker.is_cancelled,
+                              auto)
         self.post_message(SpeechFinished(utterance, cancelled=worker.is_cancelled))
 
     def _cloned_voice(self, name: str | None):
@@ -372,7 +393,7 @@ class LeapvoxApp(App):
         u = msg.utterance
         self.query_one(History).add(u)
         readout = self.query_one(Readout)
-        readout.stats, readout.playback = u.stats, u.playback
+        readout.stats, readout.playback, readout.auto = u.stats, u.playback, u.auto
         if msg.cancelled:
             self.notify(f"stopped after {u.duration_s:.2f} s of audio")
         for w in u.stats.warnings:

@@ -35,7 +35,7 @@ class History(Vertical):
         end = "stopped" if u.cancelled else ",".join(sorted(set(s.stop_reasons))) or "-"
         first = f"{s.first_audio_s:.2f} s" if s.first_audio_s is not None else "-"
         table = self.query_one(DataTable)
-        table.add_row(str(u.number), text, u.speaker, u.mode, f"{u.duration_s:.2f} s", f"{s.xrt:.2f}", first, end)
+        table.add_row(str(u.number), text, u.speaker, u.mode_shown, f"{u.duration_s:.2f} s", f"{s.xrt:.2f}", first, end)
         table.move_cursor(row=table.row_count - 1)
         self.query_one("#save", Button).disabled = False
 

@@ -19,6 +19,7 @@ class Readout(Static):
 
     stats: reactive[StreamStats | None] = reactive(None)
     playback: reactive[PlaybackStats | None] = reactive(None)
+    auto: reactive[bool] = reactive(False)  # the mode was auto: the stats' mode is what it chose
 
     def render(self) -> Table:
         s, p = self.stats, self.playback
@@ -35,5 +36,5 @@ class Readout(Static):
         t.add_row("codec", _num(ms.get("codec"), ".1f", " ms"), "frames", _num(s and s.frames, "d"))
         t.add_row("audio", _num(s and s.audio_s, ".2f", " s"), "sentence", f"{s.sentence}/{s.sentences}" if s else "-")
         t.add_row("underruns", _num(p and p.underruns, "d"), "pre-buffer", _num(p and p.prebuffer_s, ".2f", " s"))
-        t.add_row("mode", s.mode if s else "-", "", "")
+        t.add_row("mode", (f"{s.mode} (auto)" if self.auto else s.mode) if s else "-", "", "")
         return t

@@ -23,6 +23,11 @@ class Utterance:
     stats: StreamStats
     playback: PlaybackStats | None = None
     cancelled: bool = False
+    auto: bool = False  # `mode` is what mode auto chose (models.auto)
+
+    @property
+    def mode_shown(self) -> str:
+        return f"{self.mode} (auto)" if self.auto else self.mode
 
     @property
     def duration_s(self) -> float:

@@ -50,7 +50,7 @@ BYTES_PER_SECOND = 2 * 24000  # 16-bit mono PCM at 24 kHz
 
 # `leapvox serve` as it was before issue #37: the model loaded on the main thread (see serve.load_on_own_thread)
 OLD_SERVER = ("import sys; from leapvox.app import serve; from leapvox.app.cli import main; "
-              "serve.load_on_own_thread = lambda a: serve.load(a, pull=True); sys.exit(main())")
+              "serve.load_on_own_thread = lambda a, f, w: serve.load(a, f, pull=True, weights=w); sys.exit(main())")
 
 
 def start_server(args, old: bool = False) -> tuple[subprocess.Popen, str]:
