@@ -205,7 +205,7 @@ def expected_frames(text: str, cap: int = MAX_FRAMES) -> int:
 # format. A load costs about LOAD_S_PER_GB per GB of checkpoint (quantizing included). Without a timing (the offer
 # at the end of `models pull`), a frame is FRAME_S_PER_GB per GB at 2 threads: w8a8 on a quiet 2-core machine
 # (tests/benchmarks/bench-0.6b-2t.json, ~55 ms for the 0.6B's 1.8 GB).
-STAGE_FACTORS = {"frames": 1.0, "offsets": 1.0, "tree": 0.25, "formats": 0.46, "decision": 0.0}
+STAGE_FACTORS = {"frames": 1.0, "offsets": 1.0, "tree": 0.35, "formats": 0.5, "decision": 0.0}
 LOAD_S_PER_GB = 15.0
 FRAME_S_PER_GB = 0.03
 
