@@ -28,6 +28,26 @@ def session_kernel_cache() -> Path:
 
 
 SESSION_KERNEL_CACHE = session_kernel_cache()
+
+
+def isolate_home() -> Path:
+    """Point $LEAPVOX_HOME at a fresh folder for the whole test session (each xdist worker its own), so that what
+    the machine's user made — a tune profile that turns `--mode auto` into spec, saved voices, settings — never
+    changes what a test sees. The compiled-kernel cache is the one thing shared (linked), so kernels build once."""
+    import atexit
+    import shutil
+    import tempfile
+
+    home = Path(tempfile.mkdtemp(prefix="leapvox-tests-"))
+    atexit.register(shutil.rmtree, home, ignore_errors=True)
+    (home / "cache").mkdir()
+    SESSION_KERNEL_CACHE.mkdir(parents=True, exist_ok=True)
+    (home / "cache" / "kernels").symlink_to(SESSION_KERNEL_CACHE, target_is_directory=True)
+    os.environ["LEAPVOX_HOME"] = str(home)
+    return home
+
+
+SESSION_HOME = isolate_home()
 DESIGN_CONFIG = {
     "im_start_token_id": 190,
     "im_end_token_id": 191,
@@ -75,8 +95,6 @@ if (_share := worker_threads()) is not None:
 # other (the real sound device: one PulseAudio pipe sink, read back sample by sample; the TUI's stop-latency bound).
 SERIAL_GROUP = "serial"
 SERIAL_FILES = {"test_real_audio.py", "test_tui.py", "test_tui_live.py", "test_playback.py"}
-# Files whose tests take minutes together: handed out first, so that no worker starts one as the other runs dry.
-HEAVY_FIRST = ()
 
 
 def _module_scoped_fixtures(item) -> bool:
@@ -88,8 +106,9 @@ def _module_scoped_fixtures(item) -> bool:
 def xdist_groups(items) -> None:
     """--dist loadgroup: a file's tests go to one worker (its module fixtures load once), except `slow` tests that
     share nothing with their file, which go on their own (minutes each: spread over the workers); SERIAL_FILES go
-    together. The order the workers are handed groups in (with --no-loadscope-reorder): slow tests first, then
-    HEAVY_FIRST, then the rest as collected."""
+    together. The order the workers are handed groups in (with --no-loadscope-reorder): slow tests first (and so
+    their files), then the rest as collected; xdist's own order (most tests first) would hand the lone slow tests out
+    last, where one worker runs them while the other has nothing left."""
     for item in items:
         name = item.path.name
         if name in SERIAL_FILES:
@@ -97,12 +116,7 @@ def xdist_groups(items) -> None:
         elif not ("slow" in item.keywords and not _module_scoped_fixtures(item)):
             item.add_marker(pytest.mark.xdist_group(str(item.path.relative_to(REPO))))
 
-    def rank(item) -> int:
-        if "slow" in item.keywords:
-            return 0
-        return 1 if item.path.name in HEAVY_FIRST else 2
-
-    items.sort(key=rank)  # stable: collection order within a rank
+    items.sort(key=lambda item: "slow" not in item.keywords)  # stable: collection order otherwise
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the xdist_group marks
