@@ -236,7 +236,8 @@ def draft(
     Returns per depth the candidate tokens [w] and (when sampling) the draft distribution q [V].
     """
     logits = (
-        heads[k - 1 + j](h if offsets is None else h + _offset(offsets, k, j))[0] for j in range(1, len(widths) + 1)
+        heads[k - 1 + j](h if offsets is None else h + _offset(offsets, k, j, h.dtype))[0]
+        for j in range(1, len(widths) + 1)
     )
     return candidates(logits, widths, params, generator)
 
@@ -257,9 +258,10 @@ def candidates(logits_by_depth, widths: list[int], params: SamplingParams, gener
     return tokens, qs
 
 
-def _offset(offsets: torch.Tensor, k: int, j: int) -> torch.Tensor:
-    """b_j from shared offsets [K, Hc], or b_{k,j} from per-position offsets [15, K, Hc]."""
-    return offsets[j - 1] if offsets.dim() == 2 else offsets[k - 1, j - 1]
+def _offset(offsets: torch.Tensor, k: int, j: int, dtype: torch.dtype) -> torch.Tensor:
+    """b_j from shared offsets [K, Hc], or b_{k,j} from per-position offsets [15, K, Hc], in the hidden states'
+    dtype (offsets are stored fp32; a bf16 model's heads take bf16 rows)."""
+    return (offsets[j - 1] if offsets.dim() == 2 else offsets[k - 1, j - 1]).to(dtype)
 
 
 def sample_without_replacement(q: torch.Tensor, w: int, generator: torch.Generator | None) -> torch.Tensor:

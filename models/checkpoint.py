@@ -254,6 +254,7 @@ def load_codec(speech: Path, dtype) -> tuple[nn.Module, int]:
         elif kind == "leapvox_demo_codec":
             cfg = DemoCodecConfig.from_dict(raw)
             codec, prefix, rate = DemoCodec(cfg), "", cfg.sample_rate  # small; its filterbank is computed here
+            dtype = torch.float32  # in every format: its computed filterbank is fp32, and Griffin-Lim wants the bits
         else:
             raise CheckpointError(f"unsupported speech tokenizer type {kind!r} in {speech}")
     except (TypeError, ValueError) as e:

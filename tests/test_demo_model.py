@@ -99,3 +99,25 @@ def test_demo_ships_trained_spec_offsets_and_spec_stays_exact(tmp_path, monkeypa
     assert torch.equal(sp, ar)
     assert not any("zero offsets" in w for w in warnings)
     assert stats.spec.tokens == 15 * len(sp) and stats.spec.calls < stats.spec.tokens  # it drafted ahead
+
+
+@pytest.mark.parametrize("weights", ["fp32", "bf16", "int8", "w8a8", "w4a8", "int4"])
+def test_demo_speaks_in_every_weight_format_and_mode(weights, tmp_path, monkeypatch):
+    """Every `--weights` format with every mode on the shipped model (its trained offsets included): audio comes out.
+    bf16 crashed here twice over: the demo codec's weights went bf16 beside its fp32 filterbank, and the stored fp32
+    offsets met bf16 hidden states in spec's drafts."""
+    import numpy as np
+
+    from leapvox.engine.fast.quant import format_unavailable_reason
+    from leapvox.engine.options import MODES, WEIGHT_FORMATS
+    from leapvox.models.load import load_model
+
+    assert weights in WEIGHT_FORMATS
+    if why := format_unavailable_reason(weights):
+        pytest.skip(f"{weights} does not run on this machine: {why}")
+    monkeypatch.setenv("LEAPVOX_HOME", str(tmp_path))  # only what ships: the bundle's offsets, no tune profile
+    m = load_model(DEMO_DIR, weights)
+    synth = m.synthesizer()
+    for mode in MODES:
+        result = synth.synthesize("Good morning.", replace(m.defaults, seed=3, mode=mode, max_frames=10))
+        assert result.stats.frames > 0 and np.isfinite(result.audio).all() and abs(result.audio).max() > 0.01, mode

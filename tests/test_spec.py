@@ -154,6 +154,23 @@ def test_greedy_spec_equals_greedy_ar(tree):
     assert stats.tokens == 40 * 15 and stats.calls < 40 * 15
 
 
+def test_greedy_spec_with_offsets_runs_in_bf16_and_equals_ar():
+    """bf16 weights (`--weights bf16`) with trained offsets: the fp32 offsets meet bf16 hidden states (they crashed
+    there: a float input to a bf16 head); spec still gives greedy ar's codes."""
+    cp = _tiny_predictor(vocab=32, groups=16, seed=5).to(torch.bfloat16)
+    cp.model.setup_cache(16 + 1 + 16)
+    g = torch.Generator().manual_seed(1)
+    greedy = SamplingParams(do_sample=False)
+    plan = DraftPlan(DEFAULT_TREE, torch.randn(DEFAULT_TREE.max_depth, 16, generator=g) * 0.5)  # fp32, as stored
+    stats = SpecStats()
+    with torch.inference_mode():
+        for _ in range(20):
+            h, e = (torch.randn(1, 1, 16, generator=g).bfloat16() for _ in range(2))
+            assert predict_codes_spec(cp, h, e, greedy, None, plan, stats).tolist() == \
+                predict_codes(cp, h, e, greedy, None).tolist()
+    assert stats.tokens == 20 * 15 and stats.calls < 20 * 15
+
+
 def test_kv_cache_after_spec_equals_ar():
     cp = _tiny_predictor(vocab=32, groups=16, seed=4)
     g = torch.Generator().manual_seed(2)
