@@ -118,7 +118,7 @@ def _why(best: FormatResult, mode: str, ms: float, gain: float | None, tpc: floa
     else:
         head = f"ar: spec's {tpc:.2f} tokens/call give only {gain:.2f}x here (needs {SPEC_MIN_GAIN}x)"
     failed = [f.weights for f in formats if not f.passes]
-    tail = f"{best.weights}: the fastest format within fidelity, ~{ms:.0f} ms/frame"
+    tail = f"{best.weights}: the fastest format within fidelity, ~{ms:.0f} ms a frame in {mode} (talker + predictor)"
     return f"{head}; {tail}" + (f" ({', '.join(failed)} moved the codes too much)" if failed else "")
 
 

@@ -2,7 +2,8 @@
 the best fixed mode? xRT of auto, ar and spec, interleaved (the order rotates each round: A B C, B C A, ...), medians
 over the rounds, a table, and JSON.
 
-    python3 -m tests.benchmarks.auto_speed --model demo --tune --rounds 5 --json tests/benchmarks/auto-speed.json
+    python3 -m tests.benchmarks.auto_speed --model demo --tune --rounds 5 --weights fp32,w8a8 \
+        --json tests/benchmarks/auto-speed-demo.json
     python3 -m tests.benchmarks.auto_speed --model demo --profile spec:int8 --rounds 5   # a profile written here
 
 Runs under its own leapvox home (a temporary folder, or --home), so no profile of the real data folder is read or
@@ -43,6 +44,8 @@ def parse_args(argv=None):
     how.add_argument("--tune", action="store_true", help="make the profile with leapvox tune MODEL first")
     how.add_argument("--profile", metavar="MODE:FMT", help="write a profile deciding MODE (ar, spec) in FMT")
     p.add_argument("--weights", default="", help="comma-separated formats to run ar and spec in besides auto's")
+    p.add_argument("--max-frames", type=int, help="frame cap per sentence (a random-weight checkpoint never says EOS: "
+                                                  "without a cap it runs to the runaway guard)")
     p.add_argument("--json", type=Path, help="write the results here")
     return p.parse_args(argv)
 
@@ -128,7 +131,8 @@ def main(argv=None) -> int:
     print(f"auto: {choice.line()}", file=sys.stderr)
     formats = [choice.weights] + [w for w in args.weights.split(",") if w and w != choice.weights]
     models = {w: load_model(folder, w) for w in formats}
-    base = validate(build_options({"seed": 0}, folder.defaults), folder.config)
+    settings = {"seed": 0} if args.max_frames is None else {"seed": 0, "max_frames": args.max_frames}
+    base = validate(build_options(settings, folder.defaults), folder.config)
 
     def fixed(mode):
         return lambda i, _c: replace(base, mode=mode, seed=i)
@@ -164,7 +168,8 @@ def main(argv=None) -> int:
     record = {"model": args.model, "choice": {"mode": choice.mode, "weights": choice.weights, "why": choice.why,
                                               "source": choice.source},
               "profile": "leapvox tune" if args.tune else f"written: {args.profile}" if args.profile else "reused",
-              "tune_s": tune_s, "sentences": SENTENCES, "rounds": args.rounds, "threads": torch.get_num_threads(),
+              "tune_s": tune_s, "sentences": SENTENCES,
+              "max_frames": args.max_frames, "rounds": args.rounds, "threads": torch.get_num_threads(),
               "median_xrt": med, "best_fixed": best, "auto_over_best": med["auto"] / med[best],
               "load_average": {"before": load_before, "after": load_after}, "runs": runs,
               "cpu": _cpu(), "when": time.strftime("%Y-%m-%d %H:%M")}
