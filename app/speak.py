@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 from leapvox.engine.errors import LeapvoxError
-from leapvox.engine.options import MODE_CHOICES
+from leapvox.engine.options import AUTO_LAYOUT, MODE_CHOICES, TEXT_LAYOUT_CHOICES
 
 from .common import (
     DEFAULT_MODE,
@@ -79,8 +79,10 @@ def add_commands(sub) -> None:
                    help="stop each sentence after N frames of 80 ms (the official max_new_tokens is N+1)")
     s.add_argument("--no-guard", action="store_true", help="disable the runaway cap derived from the text length")
     s.add_argument(
-        "--text-layout", choices=["non-streaming", "streaming"], default="non-streaming",
-        help="all text in the prompt (default, as the official package) or text rows riding on frames",
+        "--text-layout", choices=TEXT_LAYOUT_CHOICES, default=AUTO_LAYOUT,
+        help="non-streaming: all of a sentence's text in the prompt (the official package's default); streaming: "
+        "text rows riding on frames, so a sentence can start before its end is written; auto (default): streaming "
+        "for a sentence still being written when its turn comes (speak -, a FIFO), non-streaming for whole text",
     )
     s.add_argument("--mode", choices=MODE_CHOICES, default=DEFAULT_MODE,
                    help="decoding mode: ar (the reference: the official package's codes for a seed), spec (the "

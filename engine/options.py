@@ -13,6 +13,18 @@ from leapvox.engine.text import has_words
 
 # Where the text rows sit: all in the prompt (as the official package by default), or riding on frames.
 TEXT_LAYOUTS: tuple[str, ...] = ("non-streaming", "streaming")
+# `auto` (the default) chooses per sentence (`layout_for`): tests/benchmarks/first_audio_producer.py measured why.
+AUTO_LAYOUT = "auto"
+TEXT_LAYOUT_CHOICES: tuple[str, ...] = (AUTO_LAYOUT, *TEXT_LAYOUTS)
+
+
+def layout_for(text_layout: str, open_sentence: bool) -> str:
+    """The layout one sentence is laid out in. `auto`: streaming for a sentence still being written when its turn
+    comes (text arriving in pieces, on a model that reads text tokens: it starts a few words in), else non-streaming,
+    the official package's default (a whole text gives the official codes for a seed)."""
+    if text_layout != AUTO_LAYOUT:
+        return text_layout
+    return "streaming" if open_sentence else "non-streaming"
 
 # The decoding modes; everything that lists modes (option validation, `leapvox compare`, the TUI selector) reads
 # MODES, and `Synthesizer` turns a mode into its cache policy and predictor strategy (synthesis.decode_frames).
@@ -75,7 +87,7 @@ class SynthesisOptions:
     speaker: str | None = None  # None: the model's first speaker
     language: str = "auto"  # `auto` or one of the model's languages
     instruct: str | None = None  # style instruction; only 1.7B models use it
-    text_layout: str = "non-streaming"  # where text rows sit: all in the prompt, or riding on frames
+    text_layout: str = AUTO_LAYOUT  # where text rows sit: all in the prompt, riding on frames, or auto (per sentence)
     talker: SamplingParams = field(default_factory=SamplingParams)  # code 0
     predictor: SamplingParams = field(default_factory=SamplingParams)  # codes 1..15
     repetition_penalty: float = 1.05  # on the distinct code-0 history
@@ -270,9 +282,9 @@ def _checked_options(opts: SynthesisOptions, cfg: TTSConfig, voiced: bool, name)
     if language not in cfg.languages:  # as the official package: auto and the languages, not the dialects
         raise OptionError(name("language"), f"unknown language {opts.language!r}",
                           hint=f"languages: {', '.join(cfg.languages)}")
-    if opts.text_layout not in TEXT_LAYOUTS:
+    if opts.text_layout not in TEXT_LAYOUT_CHOICES:
         raise OptionError(name("text_layout"), f"unknown text layout {opts.text_layout!r}",
-                          hint=f"use one of {', '.join(TEXT_LAYOUTS)}")
+                          hint=f"use one of {', '.join(TEXT_LAYOUT_CHOICES)}")
     _check_sampling("talker", opts.talker, name)
     _check_sampling("code-predictor", opts.predictor, name)
     if opts.mode not in MODES:

@@ -22,7 +22,7 @@ import torch
 from leapvox.engine.config import TTSConfig
 from leapvox.engine.errors import InputError
 from leapvox.engine.nets.talker import Talker
-from leapvox.engine.options import TEXT_LAYOUTS
+from leapvox.engine.options import TEXT_LAYOUT_CHOICES, TEXT_LAYOUTS, layout_for
 
 
 def wrap_text(text: str) -> str:
@@ -131,6 +131,7 @@ def _text_rows(talker: Talker, cfg: TTSConfig, ids: torch.Tensor, bos_row: torch
     """The rows after the control rows for the wrapped text `ids` [1, n], and the trailing text rows (with `pull`,
     an open sentence's: no EOS_T yet)."""
     dev = ids.device
+    text_layout = layout_for(text_layout, pull is not None)
     if pull is not None and text_layout != "streaming":
         raise ValueError("only the streaming text layout speaks a sentence still being written")
     body = ids[:, 3:-5]  # [1, N]
@@ -142,7 +143,7 @@ def _text_rows(talker: Talker, cfg: TTSConfig, ids: torch.Tensor, bos_row: torch
     if text_layout == "streaming":
         return talker.embed_text(ids[:, 3:4]) + bos_row, torch.cat([talker.embed_text(ids[:, 4:-5])]
                                                                    + ([eos] if pull is None else []), dim=1)
-    raise InputError(f"unknown text layout {text_layout!r}", hint=f"use one of {', '.join(TEXT_LAYOUTS)}")
+    raise InputError(f"unknown text layout {text_layout!r}", hint=f"use one of {', '.join(TEXT_LAYOUT_CHOICES)}")
 
 
 # ---- Base models: a cloned voice ---------------------------------------------------------------------------------
@@ -196,8 +197,9 @@ def build_clone_prompt(
         return Prompt(torch.cat(rows + [embeds], dim=1), trailing, pad, n_text, pull and _grower(talker, eos, pull))
     if pull is not None:
         raise ValueError("an ICL voice's prompt holds the whole text: it cannot speak a sentence still being written")
+    text_layout = layout_for(text_layout, False)
     if text_layout not in TEXT_LAYOUTS:
-        raise InputError(f"unknown text layout {text_layout!r}", hint=f"use one of {', '.join(TEXT_LAYOUTS)}")
+        raise InputError(f"unknown text layout {text_layout!r}", hint=f"use one of {', '.join(TEXT_LAYOUT_CHOICES)}")
     ref = torch.tensor([ref_ids], device=dev)[:, 3:-2]
     text = torch.cat([talker.embed_text(torch.cat([ref, ids[:, 3:-5]], dim=1)), eos], dim=1)  # [1, Nt, H]
     frames = talker.embed_frame(voice.ref_codes.to(dev)).transpose(0, 1)  # [1, T, H]

@@ -27,7 +27,7 @@ from leapvox.engine.errors import InputError
 from leapvox.engine.markup import Pause, Segment, segments
 from leapvox.engine.memory import return_freed_memory
 from leapvox.engine.nets.talker import Talker, TTSModel
-from leapvox.engine.options import SynthesisOptions, check_text, guard_frames, validate
+from leapvox.engine.options import SynthesisOptions, check_text, guard_frames, layout_for, validate
 from leapvox.engine.prompt import (
     ClonedVoice,
     Prompt,
@@ -291,15 +291,17 @@ class Synthesizer:
         sentence count, audio estimate and script warnings cover the text arrived so far. Keywords: `stream`'s,
         `split` aside. A text without anything to say is an InputError once the pieces end.
 
-        With the streaming text layout (`opts.text_layout`; not for a model with a text front end, whose phonemes
-        of a word depend on the words around it, nor an ICL voice, whose prompt holds the whole text), a sentence
-        starts while it is still being written, once OPEN_LOOKAHEAD tokens of its sure start are there
-        (`TextFeed.opening`), and its decoding waits for the next words rather than padding: the same codes as the
-        whole sentence, first audio before its end."""
+        With the streaming text layout, or `auto` (options.layout_for: a sentence still being written when its
+        turn comes is laid out streaming, a whole one non-streaming), and not for a model with a text front end
+        (whose phonemes of a word depend on the words around it) nor an ICL voice (whose prompt holds the whole
+        text), a sentence starts while it is still being written, once OPEN_LOOKAHEAD tokens of its sure start are
+        there (`TextFeed.opening`), and its decoding waits for the next words rather than padding: the same codes as
+        the whole sentence in the streaming layout, first audio before its end."""
         opts = validate(opts, self.cfg, stream_args.get("voice"))
         voice, arrived = stream_args.get("voice"), []
         reader = _Reader(pieces, arrived)
-        early = opts.text_layout == "streaming" and self.frontend is None and not (voice is not None and voice.icl)
+        early = layout_for(opts.text_layout, True) == "streaming" and self.frontend is None \
+            and not (voice is not None and voice.icl)
 
         def pull() -> Iterator[Segment | OpenSentence]:
             while True:  # lazily: a piece is read when a sentence is wanted

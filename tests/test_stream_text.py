@@ -316,6 +316,35 @@ def test_in_sentence_streaming_speaks_before_the_sentence_ends(model, layout, ea
     assert streamed[-1].stats.sentences == 2
 
 
+
+def test_auto_layout_starts_an_open_sentence_streaming_and_lays_out_whole_ones_as_the_official_default():
+    """The default layout, `auto`, per sentence: the sentence still being written starts before its end in the
+    streaming layout (its codes are the streaming layout's for that sentence), the one that arrives whole is laid out
+    non-streaming; a whole text given at once is exactly the non-streaming layout (the official default)."""
+    from leapvox.engine.options import SynthesisOptions
+
+    assert SynthesisOptions().text_layout == "auto"
+    m = tiny()
+    synth = m.synthesizer()
+    opts = replace(m.defaults, max_frames=6).greedy()  # greedy: each sentence's codes depend on it alone
+    assert opts.text_layout == "auto"
+    heard, held, streamed = [0], [], []
+    for c in synth.stream_text(_producer(heard, held), opts):
+        heard[0] += len(c.audio)
+        streamed.append(c)
+    assert held[0] > 0  # audio before the first sentence's end was written
+    codes = lambda chunks: np.concatenate([c.codes for c in chunks])  # noqa: E731
+    first = codes(synth.stream(OPEN + " today.", replace(opts, text_layout="streaming")))
+    second = codes(synth.stream("Bye now.", replace(opts, text_layout="non-streaming")))
+    assert np.array_equal(codes(streamed), np.concatenate([first, second]))
+    sampled, whole = replace(m.defaults, max_frames=6, seed=4), OPEN + " today. Bye now."
+    auto = list(synth.stream(whole, sampled))
+    official = list(synth.stream(whole, replace(sampled, text_layout="non-streaming")))
+    for part in ("codes", "audio"):
+        assert np.array_equal(np.concatenate([getattr(c, part) for c in auto]),
+                              np.concatenate([getattr(c, part) for c in official])), part
+
+
 def test_a_pause_is_as_long_as_asked():
     """The text with a pause is longer than without it by the pause, within a sample: the silence makes up for the
     crossfades into and out of it (the sentences are the same: a pause draws no random numbers)."""

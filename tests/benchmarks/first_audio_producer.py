@@ -68,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
                                 description=__doc__.split("\n\n")[0])
     p.add_argument("--models", default="demo,0.6b", help="comma-separated: demo, 0.6b (default both)")
     p.add_argument("--rates", default="3,10,30", help="producer rates in words per second (default 3,10,30)")
-    p.add_argument("--layouts", default="non-streaming,streaming", help="comma-separated text layouts")
+    p.add_argument("--layouts", default="non-streaming,streaming,auto", help="comma-separated text layouts")
     p.add_argument("--weights", default="auto", help="weight format (default auto)")
     p.add_argument("--frames", type=int, default=12, help="frame cap per sentence (default 12)")
     p.add_argument("--rounds", type=int, default=3, help="interleaved rounds (default 3)")
