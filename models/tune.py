@@ -201,12 +201,13 @@ def expected_frames(text: str, cap: int = MAX_FRAMES) -> int:
 # ---- how long a tune takes -----------------------------------------------------------------------------------------
 
 # Each stage's cost in units of the frames stage (sentences x frames x one frame's time in the default format), net
-# of model loads, from the random-weight 0.6B (tests/benchmarks/tune-cost.json); the formats stage's is per weight
-# format. A load costs about LOAD_S_PER_GB per GB of checkpoint (quantizing included). Without a timing (the offer
+# of model loads, from the random-weight 0.6B and 1.7B (tests/benchmarks/tune-cost.json); the formats stage's is per
+# weight format. A load costs about LOAD_S_PER_GB per GB of checkpoint (quantizing included; both sizes' formats
+# stages gave 44-46 s/GB at one thread). Without a timing (the offer
 # at the end of `models pull`), a frame is FRAME_S_PER_GB per GB at 2 threads: w8a8 on a quiet 2-core machine
 # (tests/benchmarks/bench-0.6b-2t.json, ~55 ms for the 0.6B's 1.8 GB).
 STAGE_FACTORS = {"frames": 1.0, "offsets": 1.0, "tree": 0.35, "formats": 0.5, "decision": 0.0}
-LOAD_S_PER_GB = 15.0
+LOAD_S_PER_GB = 45.0
 FRAME_S_PER_GB = 0.03
 
 
