@@ -20,6 +20,7 @@ for a serving fleet: run `leapvox serve` on several machines and fan the request
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import fcntl
 import hashlib
@@ -370,18 +371,37 @@ def check_out(out: Path) -> None:
         raise UsageError(f"cannot write into {out}: no permission to write in {there}", hint="give another --out")
 
 
-def open_out(out: Path):
-    """DIR made and locked for this run (a second batch into it is refused); our leftover temp files removed."""
+def _ours(lock, path: Path) -> bool:
+    """Whether the locked file is still the one at `path` (a run that finished removes its lock file: a lock taken
+    on the removed file would guard nothing)."""
     try:
-        out.mkdir(parents=True, exist_ok=True)
-        lock = open(out / LOCK, "a")  # noqa: SIM115 - held until the process ends
-    except OSError as e:
-        raise UsageError(f"cannot write into {out}: {e.strerror or e}", hint="give another --out folder") from None
-    try:
-        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return os.fstat(lock.fileno()).st_ino == os.stat(path, follow_symlinks=False).st_ino
     except OSError:
-        raise UsageError(f"another leapvox batch is writing into {out}", hint="wait for it, or give another --out") \
-            from None
+        return False
+
+
+def open_out(out: Path):
+    """DIR made and locked for this run (a second batch into it is refused); our leftover temp files removed.
+    The lock file goes when the run ends (close_out)."""
+    if (out / LOCK).is_symlink() or (out / LOCK).exists() and not (out / LOCK).is_file():
+        raise UsageError(f"{out / LOCK} is not a regular file", hint="remove it, or give another --out folder")
+    for _ in range(3):  # another run may remove the lock file between our open and our lock: open it again
+        try:
+            out.mkdir(parents=True, exist_ok=True)
+            lock = open(out / LOCK, "a")  # noqa: SIM115 - held until close_out
+        except OSError as e:
+            raise UsageError(f"cannot write into {out}: {e.strerror or e}", hint="give another --out folder") from None
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            lock.close()
+            raise UsageError(f"another leapvox batch is writing into {out}",
+                             hint="wait for it, or give another --out") from None
+        if _ours(lock, out / LOCK):
+            break
+        lock.close()
+    else:
+        raise UsageError(f"another leapvox batch is writing into {out}", hint="wait for it, or give another --out")
     for p in out.iterdir():
         if TEMP.fullmatch(p.name) and p.is_file() and not p.is_symlink():
             p.unlink(missing_ok=True)  # a file this command was writing when it was killed
@@ -472,7 +492,15 @@ def cmd_batch(args) -> int:
         return code
     finally:
         manifest.close()
-        lock.close()
+        close_out(lock, args.out)
+
+
+def close_out(lock, out: Path) -> None:
+    """Remove our lock file (still holding the lock, and only if it is ours), then release the lock."""
+    if _ours(lock, out / LOCK):
+        with contextlib.suppress(OSError):
+            (out / LOCK).unlink()
+    lock.close()
 
 
 def _mode_of(it: Item, job) -> str:

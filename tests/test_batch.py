@@ -52,7 +52,10 @@ def without_timings(entries: list[dict]) -> dict:
 
 
 def leftovers(out: Path) -> list[str]:
-    return [p.name for p in out.iterdir() if p.name.endswith(".part")]
+    """What a finished run must not leave in DIR: temp files, or its lock file."""
+    from leapvox.app.batch import LOCK
+
+    return [p.name for p in out.iterdir() if p.name.endswith(".part") or p.name == LOCK]
 
 
 @pytest.fixture
@@ -136,6 +139,25 @@ def test_missing_extras_and_bad_flags_are_one_line(tmp_path, capsys, no_model, m
     assert code == 2 and 'pip install "leapvox[ray]"' in one_line(err)
     code, _, err = run(capsys, "batch", path, "--out", tmp_path / "o", "--chapters")
     assert code == 2 and "--chapters splits a plain text file" in one_line(err)
+
+
+def test_a_second_batch_into_a_locked_folder_is_one_line_before_the_model_loads(tmp_path, capsys, no_model):
+    """A run holding DIR's lock (here: this test, as another batch would) makes a second run into DIR refuse at once,
+    one line, exit 2; a lock file planted as a symlink is refused, never followed."""
+    import fcntl
+
+    from leapvox.app.batch import LOCK
+
+    path, out = jsonl(tmp_path, [{"id": "a", "text": "Hello."}]), tmp_path / "out"
+    out.mkdir()
+    with open(out / LOCK, "a") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        code, _, err = run(capsys, "batch", path, "--out", out, *SHORT)
+    assert code == 2 and "another leapvox batch is writing into" in one_line(err)
+    (out / LOCK).unlink()
+    (out / LOCK).symlink_to(tmp_path / "elsewhere")
+    code, _, err = run(capsys, "batch", path, "--out", out, *SHORT)
+    assert code == 2 and "is not a regular file" in one_line(err) and not (tmp_path / "elsewhere").exists()
 
 
 def test_seeds_derive_from_the_id_alone():
