@@ -253,8 +253,9 @@ def verify_over_ar(cp: CodePredictor, nodes: int, prefix: int = 8, repeats: int 
     return _call_times(cp, nodes, prefix, repeats)[1]
 
 
-def _call_times(cp: CodePredictor, nodes: int, prefix: int, repeats: int) -> tuple[float, float]:
-    """Both calls as spec and ar run them at batch 1: on the predictor's hot loop (engine.predictor)."""
+def call_timings(cp: CodePredictor, nodes: int, prefix: int, repeats: int) -> tuple[list[float], list[float]]:
+    """An ar call and a verify call over `nodes` drafts, each timed `repeats` times back to back as spec and ar run
+    them at batch 1 (on the predictor's hot loop, engine.predictor): the seconds of each (ar, verify), in order."""
     loop = loop_for(cp)
     loop.reserve(prefix + nodes + 2)
     hc = cp.cfg.hidden_size
@@ -263,7 +264,7 @@ def _call_times(cp: CodePredictor, nodes: int, prefix: int, repeats: int) -> tup
     x = torch.randn(nodes + 1, hc).to(dtype)
     mask = torch.ones(nodes + 1, prefix + nodes + 1, dtype=torch.bool)
     positions = torch.arange(prefix, prefix + nodes + 1)
-    verify, ratios = [], []
+    ar, verify = [], []
     for i in range(repeats + 2):
         loop.hidden(x0, 0)
         t0 = time.perf_counter()
@@ -271,9 +272,16 @@ def _call_times(cp: CodePredictor, nodes: int, prefix: int, repeats: int) -> tup
         t1 = time.perf_counter()
         loop.rows(x, prefix, mask, positions)
         t2 = time.perf_counter()
-        if i >= 2:
+        if i >= 2:  # the first calls warm the buffers
+            ar.append(t1 - t0)
             verify.append(t2 - t1)
-            ratios.append((t2 - t1) / (t1 - t0))
+    return ar, verify
+
+
+def _call_times(cp: CodePredictor, nodes: int, prefix: int, repeats: int) -> tuple[float, float]:
+    """The median verify call's seconds and the median of the verify / ar ratios (call_timings)."""
+    ar, verify = call_timings(cp, nodes, prefix, repeats)
+    ratios = [v / a for a, v in zip(ar, verify, strict=True)]
     return sorted(verify)[len(verify) // 2], sorted(ratios)[len(ratios) // 2]
 
 

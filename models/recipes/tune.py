@@ -464,25 +464,7 @@ def verify_ratio(cp, nodes: int, prefix: int = 8, repeats: int = 40) -> float:
     timed `repeats` times back to back, the ratio of their fastest. The fastest repeat is the call's cost without
     interruptions; on a busy machine a descheduled repeat takes a time slice longer, which a median of the ratios
     (recipes/spec.verify_over_ar) picks up whenever that happens to half of one kind of call."""
-    from leapvox.engine.fast.predictor import loop_for
-
-    loop = loop_for(cp)
-    loop.reserve(prefix + nodes + 2)
-    hc, dtype = cp.cfg.hidden_size, cp.model.norm.weight.dtype
-    x0, x1, x = (torch.randn(n, hc).to(dtype) for n in (prefix, 1, nodes + 1))
-    mask = torch.ones(nodes + 1, prefix + nodes + 1, dtype=torch.bool)
-    positions = torch.arange(prefix, prefix + nodes + 1)
-    ar, verify = [], []
-    for i in range(repeats + 2):
-        loop.hidden(x0, 0)
-        t0 = time.perf_counter()
-        loop.hidden(x1, prefix)
-        t1 = time.perf_counter()
-        loop.rows(x, prefix, mask, positions)
-        t2 = time.perf_counter()
-        if i >= 2:  # the first calls warm the buffers
-            ar.append(t1 - t0)
-            verify.append(t2 - t1)
+    ar, verify = S.call_timings(cp, nodes, prefix, repeats)
     return min(verify) / min(ar)
 
 
