@@ -23,6 +23,9 @@ CANDIDATE = ROOT / "models" / "recipes" / "demo" / "candidate"
 PIP_ONLY = {"hibari-g2p", "graphemes"}  # front ends that need no program or library outside pip
 FOX = "The quick brown fox jumps over the lazy dog."
 
+pytestmark = pytest.mark.skipif(not Path("/proc/self/maps").is_file(),
+                                reason="reads /proc/self/maps to see which libraries were loaded (Linux only)")
+
 CHILD = r"""
 import json, shutil, sys
 from leapvox.app.cli import main
