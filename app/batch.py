@@ -395,12 +395,11 @@ def open_out(out: Path):
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
             lock.close()
-            raise UsageError(f"another leapvox batch is writing into {out}",
-                             hint="wait for it, or give another --out") from None
+            break  # held by a running batch
         if _ours(lock, out / LOCK):
             break
         lock.close()
-    else:
+    if lock.closed:  # held, or its file replaced under us three times running: another batch is busy there
         raise UsageError(f"another leapvox batch is writing into {out}", hint="wait for it, or give another --out")
     for p in out.iterdir():
         if TEMP.fullmatch(p.name) and p.is_file() and not p.is_symlink():

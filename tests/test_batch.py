@@ -160,6 +160,31 @@ def test_a_second_batch_into_a_locked_folder_is_one_line_before_the_model_loads(
     assert code == 2 and "is not a regular file" in one_line(err) and not (tmp_path / "elsewhere").exists()
 
 
+def test_a_lock_file_replaced_under_every_try_is_refused_as_busy(tmp_path, monkeypatch):
+    """Runs finishing and starting between our open and our lock (the file we locked is no longer the one at the
+    path) are retried; three misses in a row mean the folder is busy: the same one-line refusal, no lock left open."""
+    from leapvox.app import batch
+
+    opened = []
+    real_open = open
+
+    def tracking_open(path, *a, **k):
+        f = real_open(path, *a, **k)
+        opened.append(f)
+        return f
+
+    monkeypatch.setattr(batch, "_ours", lambda lock, path: False)
+    monkeypatch.setattr(batch, "open", tracking_open, raising=False)  # the module's open, not everyone's
+    with pytest.raises(batch.UsageError, match="another leapvox batch is writing into"):
+        batch.open_out(tmp_path / "out")
+    monkeypatch.undo()
+    assert len(opened) == 3 and all(f.closed for f in opened)
+    lock, manifest = batch.open_out(tmp_path / "out")  # the folder itself is fine: a real try takes it
+    assert not lock.closed
+    batch.close_out(lock, tmp_path / "out")
+    assert not (tmp_path / "out" / batch.LOCK).exists()
+
+
 def test_seeds_derive_from_the_id_alone():
     assert derive_seed("a1") == derive_seed("a1") != derive_seed("a2")
     assert 0 <= derive_seed("x" * 128) < 2**64
