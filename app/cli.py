@@ -99,6 +99,9 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as e:
         from leapvox.engine.errors import LeapvoxError
 
+        if (stop := _interruption(e)) is not None:  # Ctrl-C/SIGTERM that arrived where Python wraps it
+            say(f"leapvox: {'terminated' if isinstance(stop, Terminated) else 'interrupted'}")
+            return 128 + signal.SIGTERM if isinstance(stop, Terminated) else 130
         if isinstance(e, LeapvoxError):
             say(error_line(e))
             return e.exit_code
@@ -109,6 +112,18 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
+
+
+def _interruption(e: BaseException) -> KeyboardInterrupt | None:
+    """The Ctrl-C or SIGTERM behind `e`, where Python wrapped it in another exception: one raised while a class is
+    being made (an import in progress) comes back as "RuntimeError: Error calling __set_name__ ...", caused by it."""
+    seen = set()
+    while e is not None and id(e) not in seen:
+        if isinstance(e, KeyboardInterrupt):
+            return e
+        seen.add(id(e))
+        e = e.__cause__ or e.__context__
+    return None
 
 
 def _on_sigterm():

@@ -278,6 +278,34 @@ def test_sigterm_in_process_removes_the_temp_file(tmp_path, capsys, monkeypatch)
     assert signal.getsignal(signal.SIGTERM) == before  # main() puts the handler back
 
 
+@pytest.mark.parametrize("signum, code, word",
+                         [(signal.SIGTERM, 143, "terminated"), (signal.SIGINT, 130, "interrupted")])
+def test_a_signal_during_an_import_is_a_clean_stop_not_an_internal_error(tmp_path, capsys, monkeypatch, signum, code,
+                                                                           word):
+    """The signal lands while a class is being made (as when torch imports a module lazily mid-synthesis): Python
+    wraps what the handler raises in "RuntimeError: Error calling __set_name__", which must still stop cleanly."""
+    from leapvox.engine.synthesis import Synthesizer
+
+    stream = Synthesizer.stream
+
+    class SignalsWhenNamed:
+        def __set_name__(self, owner, name):
+            os.kill(os.getpid(), signum)
+            time.sleep(1)  # the handler runs here, inside __set_name__
+
+    def signalled_while_importing(self, *a, **k):
+        for chunk in stream(self, *a, **k):
+            yield chunk
+            type("Lazy", (), {"field": SignalsWhenNamed()})
+
+    monkeypatch.setattr(Synthesizer, "stream", signalled_while_importing)
+    status, out, err = run(capsys, "speak", "Hello world. Second sentence.", "-o", tmp_path / "x.wav",
+                           "--model", MODEL, *FAST)
+    assert status == code and out == ""
+    assert one_line(err) == f"leapvox: {word}"
+    assert list(tmp_path.iterdir()) == []
+
+
 @pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
 def test_sigterm_subprocess_exits_143_without_traceback(tmp_path):
     out = tmp_path / "x.wav"

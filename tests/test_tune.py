@@ -408,12 +408,19 @@ needs_espeak = pytest.mark.skipif(__import__("shutil").which("espeak-ng") is Non
 
 
 @needs_espeak
-def test_the_demo_chooses_spec_with_the_offsets_it_ships():
+def test_the_demo_tunes_spec_with_the_offsets_it_ships():
     """The demo ships offsets beside itself (spec mode reads them first): tune measures them against zero offsets
-    instead of training its own, and on the demo's acceptance spec pays."""
+    instead of training its own, reaches the demo's acceptance with them, and decides the mode from its timings."""
     t = tune(DEMO, utterances=3, max_frames=24, formats=())  # fp32 alone: the mode is the question here
     p = t.run()
     trial = p.offsets_trial["candidates"]
     assert set(trial) == {"shipped"} and trial["shipped"]["depth"] == 7
-    assert p.tokens_per_call > 2.5 and p.decision.mode == "spec", p.decision.why
-    assert p.decision.why.startswith("spec: ")
+    assert p.tokens_per_call > 2.5  # the shipped offsets' acceptance on the demo: deterministic
+    # whether spec pays then rests on this machine's timings (one verify call against one ar call, spec's predictor
+    # frame against ar's), which a busy box can tip either way: the test holds the decision to the measurements the
+    # profile records, and does not assert a timing
+    (fp32,) = p.formats
+    gain = T.spec_gain(p.tokens_per_call, fp32.verify_over_ar or p.verify_over_ar)
+    pays = gain >= T.SPEC_MIN_GAIN and fp32.spec_predictor_ms < fp32.predictor_ms
+    assert p.decision.mode == ("spec" if pays else "ar"), (p.decision.why, fp32)
+    assert p.decision.why.startswith("spec: " if pays else "ar: "), p.decision.why
