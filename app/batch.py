@@ -39,16 +39,17 @@ from .common import (
     EXIT_FAILED,
     EXIT_OK,
     MODE_AUTO_HELP,
-    Terminated,
     UsageError,
     choose,
     clean_text,
     cli_name,
     flag_values,
+    interruption,
     model_args,
     open_model,
     quiet_or,
     say,
+    stop_status,
     tell,
 )
 
@@ -554,12 +555,14 @@ def _run(args, job, key: dict, todo: list[Item], manifest: Manifest, skipped: in
                 bar.set_postfix_str(f"xRT {audio_s / wall:.2f}" + (f", {len(failed)} failed" if failed else ""),
                                     refresh=False)
                 bar.update(len(by_id[r["id"]].text))
-    except KeyboardInterrupt as e:
+    except (KeyboardInterrupt, RuntimeError) as e:
+        if (stop := interruption(e)) is None:
+            raise
         bar.close()
-        say(f"leapvox: {'terminated' if isinstance(e, Terminated) else 'interrupted'}: {ok + len(failed)} of "
-            f"{len(todo)} items finished, {skipped} done before, the rest not started or lost in flight (hint: run "
-            "the same command again to go on)")
-        return 143 if isinstance(e, Terminated) else 130
+        word, status = stop_status(stop)
+        say(f"leapvox: {word}: {ok + len(failed)} of {len(todo)} items finished, {skipped} done before, the rest not "
+            "started or lost in flight (hint: run the same command again to go on)")
+        return status
     bar.close()
     wall = time.perf_counter() - t0
     say(f"leapvox: batch: {ok} written, {skipped} done before, {len(failed)} failed"

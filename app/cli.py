@@ -13,7 +13,17 @@ import shlex
 import signal
 import sys
 
-from leapvox.app.common import EXIT_FAILED, EXIT_USAGE, Terminated, UsageError, error_line, say, version
+from leapvox.app.common import (
+    EXIT_FAILED,
+    EXIT_USAGE,
+    Terminated,
+    UsageError,
+    error_line,
+    interruption,
+    say,
+    stop_status,
+    version,
+)
 
 # command -> (module with add_commands(subparsers), one-line help); the order is the order of `leapvox --help`: what
 # users run, then `recipe` (app/recipes: making assets). `leapvox COMMAND` imports only COMMAND's module.
@@ -99,9 +109,10 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as e:
         from leapvox.engine.errors import LeapvoxError
 
-        if (stop := _interruption(e)) is not None:  # Ctrl-C/SIGTERM that arrived where Python wraps it
-            say(f"leapvox: {'terminated' if isinstance(stop, Terminated) else 'interrupted'}")
-            return 128 + signal.SIGTERM if isinstance(stop, Terminated) else 130
+        if (stop := interruption(e)) is not None:  # Ctrl-C/SIGTERM that arrived where Python wraps it
+            word, status = stop_status(stop)
+            say(f"leapvox: {word}")
+            return status
         if isinstance(e, LeapvoxError):
             say(error_line(e))
             return e.exit_code
@@ -112,18 +123,6 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
-
-
-def _interruption(e: BaseException) -> KeyboardInterrupt | None:
-    """The Ctrl-C or SIGTERM behind `e`, where Python wrapped it in another exception: one raised while a class is
-    being made (an import in progress) comes back as "RuntimeError: Error calling __set_name__ ...", caused by it."""
-    seen = set()
-    while e is not None and id(e) not in seen:
-        if isinstance(e, KeyboardInterrupt):
-            return e
-        seen.add(id(e))
-        e = e.__cause__ or e.__context__
-    return None
 
 
 def _on_sigterm():

@@ -58,6 +58,23 @@ class Terminated(KeyboardInterrupt):
     stopped), then "leapvox: terminated" and exit 143 (128 + SIGTERM) without a traceback."""
 
 
+def interruption(e: BaseException) -> KeyboardInterrupt | None:
+    """The Ctrl-C or SIGTERM (`Terminated`) that `e` is or wraps: Python wraps one raised while a class is being made
+    (a lazy import in progress) as "RuntimeError: Error calling __set_name__ ...", caused by it."""
+    seen = set()
+    while e is not None and id(e) not in seen:
+        if isinstance(e, KeyboardInterrupt):
+            return e
+        seen.add(id(e))
+        e = e.__cause__ or e.__context__
+    return None
+
+
+def stop_status(stop: KeyboardInterrupt) -> tuple[str, int]:
+    """How a stop is told and what the process exits with: ("terminated", 143) for SIGTERM, ("interrupted", 130)."""
+    return ("terminated", 128 + 15) if isinstance(stop, Terminated) else ("interrupted", 130)
+
+
 def say(msg: str) -> None:
     """A message on stderr (stdout is for data)."""
     print(msg, file=sys.stderr, flush=True)

@@ -10,7 +10,7 @@ import sys
 import time
 from pathlib import Path
 
-from leapvox.app.common import EXIT_OK, UsageError, say, tell
+from leapvox.app.common import EXIT_OK, UsageError, interruption, say, stop_status, tell
 
 STAGE_UNITS = {"frames": "sentences", "offsets": "steps", "tree": "trees", "formats": "formats"}
 
@@ -153,12 +153,15 @@ def run_tune(args, opened, settings) -> int:
              f"measured); Ctrl-C stops it and a rerun continues")
         bars.expected = est.per_stage
         t.run()
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, RuntimeError) as e:
+        if (stop := interruption(e)) is None:
+            raise
         bars.close()
         done = ", ".join(t.profile.stages_done) or "no stage"
-        tell(f"stopped; kept {done} finished and the current stage's finished parts in {t.work}; "
+        word, status = stop_status(stop)
+        tell(f"{word}; kept {done} finished and the current stage's finished parts in {t.work}; "
              f"continue with: leapvox tune {args.model}")
-        return 130
+        return status
     finally:
         bars.close()
         pid_file.unlink(missing_ok=True)

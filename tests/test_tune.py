@@ -16,6 +16,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from leapvox.app.common import Terminated
 from leapvox.models import profile as P
 from leapvox.models import tune as T
 from leapvox.models.catalog import CATALOG
@@ -348,14 +349,31 @@ def test_the_command_states_its_time_reports_and_says_when_it_is_done_already(ca
     assert json.loads(out2)["decision"] == json.loads(P.profile_path(TINY).read_text())["decision"]
 
 
-def test_ctrl_c_keeps_what_is_done_and_says_how_to_continue(capsys, quick_cli, monkeypatch):
+def wrapped_sigterm():
+    """SIGTERM as Python hands it on where it lands inside __set_name__ (a class being made by a lazy import)."""
+    try:
+        raise Terminated()
+    except Terminated as e:
+        raise RuntimeError("Error calling __set_name__ on 'Field' instance") from e
+
+
+def raiser(kind):
+    def stop():
+        raise kind()
+    return stop
+
+
+@pytest.mark.parametrize("stop, code, word", [(raiser(KeyboardInterrupt), 130, "interrupted"),
+                                               (raiser(Terminated), 143, "terminated"),
+                                               (wrapped_sigterm, 143, "terminated")])
+def test_ctrl_c_keeps_what_is_done_and_says_how_to_continue(capsys, quick_cli, monkeypatch, stop, code, word):
     def interrupted(self):
-        raise KeyboardInterrupt
+        stop()
 
     monkeypatch.setattr(RT.Tune, "stage_offsets", interrupted)
-    code, out, err = run(capsys, "tune", TINY, "--utterances", "3")
-    assert code == 130 and out == ""
-    assert "kept frames finished" in err and f"continue with: leapvox tune {TINY}" in err
+    status, out, err = run(capsys, "tune", TINY, "--utterances", "3")
+    assert status == code and out == ""
+    assert f"{word}; kept frames finished" in err and f"continue with: leapvox tune {TINY}" in err
     assert P.Profile.from_json(P.profile_path(TINY).read_text()).stages_done == ["frames"]
     code, out, err = run(capsys, "tune", TINY, "--status")
     assert code == 0 and "stopped part-way: frames done" in out and "continues" in out
