@@ -8,7 +8,9 @@ key and the file.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import threading
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -35,6 +37,33 @@ from .frontend import text_frontend
 from .paths import check_folder
 from .spec_assets import load_offsets, load_tree
 from .tokenizer import TextTokenizer
+
+_INIT_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def skeleton():
+    """Build modules as shapes only (the meta device) whose weights a file fills next, without running torch.nn.init
+    on them: a random init on meta goes through torch._refs, whose first call imports torch._dynamo (seconds, on the
+    way to the first audio). The init functions are no-ops inside (their tensor returned); a lock keeps two threads'
+    loads from restoring each other's patch."""
+    init = torch.nn.init
+    names = [n for n in dir(init) if n.endswith("_") and not n.startswith("_") and callable(getattr(init, n))]
+    with _INIT_LOCK:
+        saved = {n: getattr(init, n) for n in names}
+        try:
+            for n in names:
+                setattr(init, n, _keep)
+            with torch.device("meta"):
+                yield
+        finally:
+            for n, f in saved.items():
+                setattr(init, n, f)
+
+
+def _keep(tensor, *args, **kwargs):
+    return tensor
+
 
 CODEC_PREFIX = "decoder."  # the speech tokenizer file also holds the encoder (Base models: cloning)
 ENCODER_PREFIX = "encoder."
@@ -231,7 +260,7 @@ def load_encoders(folder: Path) -> dict[str, nn.Module]:
     try:
         spk_cfg = SpeakerEncoderConfig.from_dict(read_json(folder / "config.json").get("speaker_encoder_config") or {})
         enc_cfg = SpeechEncoderConfig.from_dict(read_json(speech / "config.json"))
-        with torch.device("meta"):
+        with skeleton():
             speaker, encoder = SpeakerEncoder(spk_cfg), SpeechEncoder(enc_cfg)
     except (TypeError, ValueError) as e:
         raise CheckpointError(f"the encoder configs in {folder} are not usable: {e}") from None
@@ -248,7 +277,7 @@ def load_codec(speech: Path, dtype) -> tuple[nn.Module, int]:
     try:
         if kind == "qwen3_tts_tokenizer_12hz":
             cfg = CodecConfig.from_dict(raw)
-            with torch.device("meta"):
+            with skeleton():
                 codec = CodecDecoder(cfg, FastCodecOps())  # its products on oneDNN and leapvox's kernels
             prefix, rate = CODEC_PREFIX, cfg.output_sample_rate
         elif kind == "leapvox_demo_codec":
@@ -283,7 +312,7 @@ def load_checkpoint(path: str | Path, weights: str = "fp32", device: str = "cpu"
     dtype = torch.float32 if weights in QUANT_FORMATS else DTYPES[weights]
     cfg = config or load_config(folder)  # `config`: read already (models.load.open_model)
     speech = folder / "speech_tokenizer"
-    with torch.device("meta"):
+    with skeleton():
         tts = TTSModel(cfg.talker)
     tensors = read_tensors(_weight_files(folder, "model"))
     if cfg.tts_model_type == "base":  # the speaker encoder loads with the other encoder, on the first clone

@@ -166,3 +166,26 @@ def test_info_reports_a_truncated_weight_file(capsys, tmp_path):
     code, out, _ = run(capsys, "models", "info", broken)
     problems = [v for k, v in info_rows(out) if k == "problem"]
     assert code == 1 and len(problems) == 1 and problems[0].startswith("cannot read speech_tokenizer/model.safetensors")
+
+
+def test_loading_a_model_runs_no_weight_init_and_leaves_torch_nn_init_as_it_was():
+    """Modules are built as shapes (meta) for a file to fill: a random init there costs an import of torch._dynamo
+    (seconds before the first audio) and nothing else. A child process loads a Qwen-shaped model with its codec and a
+    Base model's encoders, speaks a few frames, and reports whether that import happened."""
+    import subprocess
+    import sys
+
+    code = f"""
+import sys, torch
+from leapvox.models.checkpoint import load_checkpoint, load_encoders
+init = dict(vars(torch.nn.init))
+m = load_checkpoint({str(FIXTURES / "tiny-0b6")!r})
+load_encoders(__import__("pathlib").Path({str(FIXTURES / "tiny-base-0b6")!r}))
+assert vars(torch.nn.init) == init, "torch.nn.init was left patched"
+from leapvox.engine.options import SynthesisOptions
+out = m.synthesizer().synthesize("Hello.", SynthesisOptions(max_frames=3))
+print(len(out.audio) > 0, "torch._dynamo" in sys.modules)
+"""
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["True", "False"], r.stdout
