@@ -217,6 +217,15 @@ def test_demo_wer_true_codes_misuse_is_a_one_line_error(tmp_path, capsys):
     assert code == 2 and "hint: add --what predictor" in one_line_error(err)
 
 
+def test_demo_wer_out_is_checked_before_any_scoring(tmp_path, capsys):
+    """--out in a folder that does not exist, or naming a folder: a one-line error before the data is even read."""
+    for out in (tmp_path / "missing" / "wer.json", tmp_path):
+        code, _, err = run(capsys, "recipe", "demo", "wer", "--data", str(tmp_path / "no-data"), "--what", "codec",
+                           "--out", str(out))
+        assert code == 2 and f"cannot write {out}" in one_line_error(err)
+    assert not (tmp_path / "missing").exists()
+
+
 def test_demo_wer_mode_none_runs_only_the_predictor_diagnostic(tmp_path, capsys, monkeypatch):
     """--mode none: the predictor diagnostic without the model's own synthesis (which would double the run)."""
     import numpy as np

@@ -187,6 +187,7 @@ def cmd_wer(args) -> int:
 
     import torch
 
+    from leapvox.models.files import output_problem, write_text_atomic
     from leapvox.models.recipes.demo import quality
     from leapvox.models.recipes.demo.codec_fit import load_codec
 
@@ -197,6 +198,9 @@ def cmd_wer(args) -> int:
         return 2
     if args.true_codes and "predictor" not in wanted:
         print("leapvox: --true-codes applies to the predictor diagnostic (hint: add --what predictor)", file=sys.stderr)
+        return 2
+    if args.out is not None and (problem := output_problem(args.out)):  # before minutes of synthesis
+        print(f"leapvox: cannot write {args.out}: {problem}", file=sys.stderr)
         return 2
     modes = args.mode or ["ar"]
     if "none" in modes:
@@ -249,5 +253,5 @@ def cmd_wer(args) -> int:
     print(json.dumps(report, indent=2))
     if args.out:
         full = dict(report, hypotheses={k: r.hyps for k, r in results.items()}, references=texts)
-        args.out.write_text(json.dumps(full, indent=1) + "\n")
+        write_text_atomic(args.out, json.dumps(full, indent=1) + "\n")
     return 0
