@@ -23,9 +23,9 @@ from leapvox.models.catalog import default_model
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 WEIGHT_CHOICES = (AUTO, *WEIGHT_FORMATS)
-# --weights default: auto = the format `leapvox tune` chose for this model on this machine (models.auto), else w8a8
-# where torch's quantized kernels run, else int8 (engine.fast.quant.resolve_weights): the fastest on the CPUs
-# measured, fidelity measured (tests/benchmarks/README.md)
+# --weights default: auto = the format `leapvox tune` chose for this model on this machine (models.auto), else fp32
+# for a narrow model (the demo), else w8a8 where torch's quantized kernels run, else int8
+# (engine.fast.quant.resolve_weights): the fastest on the CPUs measured, fidelity measured (tests/benchmarks/README.md)
 DEFAULT_WEIGHTS = AUTO
 # --mode default: auto. Without a tune profile it is exactly ar (the same codes for a seed), so an untuned model speaks
 # as before; a tuned one gets the mode its profile measured to be faster here. --mode ar stays the reference.
@@ -110,7 +110,8 @@ def model_args(p: argparse.ArgumentParser) -> None:
         "w8a8 (8-bit weights and activations, integer products), w4a8 (4-bit weights in groups of 64, 8-bit "
         "activations, leapvox's compiled AVX-512 kernel only: the fastest, less faithful), int4 (4-bit weights, "
         "bf16 activations, torch's kernel), or auto: the format `leapvox tune` chose for this model on this "
-        f"machine, else w8a8 where torch's quantized kernels run, else int8 (default {DEFAULT_WEIGHTS})",
+        "machine, else fp32 for a model as narrow as the demo (8-bit formats only slow its small products), else "
+        f"w8a8 where torch's quantized kernels run, else int8 (default {DEFAULT_WEIGHTS})",
     )
     p.add_argument("--dtype", dest="weights", choices=["fp32", "bf16"], help=argparse.SUPPRESS)  # old name
 

@@ -106,7 +106,7 @@ def probe_formats(formats: list[str], budget_s: float = 0.06) -> dict:
 
     from leapvox.app.common import DEFAULT_WEIGHTS
     from leapvox.engine.fast import kernels
-    from leapvox.engine.fast.quant import resolve_weights
+    from leapvox.engine.fast.quant import NARROW_HIDDEN, resolve_weights
 
     n_in, n_out = PROBE_SHAPE
     times: dict[str, float | None] = {}
@@ -145,6 +145,7 @@ def probe_formats(formats: list[str], budget_s: float = 0.06) -> dict:
         "close": [k for k, v in timed.items() if k != fastest and v <= 1.1 * timed[fastest]],
         "default": DEFAULT_WEIGHTS,  # what --weights uses when not given
         "default_here": resolve_weights(DEFAULT_WEIGHTS),  # the format that default is on this machine
+        "narrow_hidden": NARROW_HIDDEN,  # ... for a model at least this wide; fp32 for a narrower one
         "w8a8_kernel": kernels.describe(),  # leapvox's compiled kernel, or torch's and why
         "w8a8_kernel_hint": kernels.hint(),
     }
@@ -440,7 +441,9 @@ def render(r: dict) -> str:
                         for k, ms in p["ms"].items())
     close = f" ({', '.join(p['close'])} within 10%)" if p["close"] else ""
     here = p.get("default_here")
-    default = f" (default {p['default']}{f' = {here} here' if here and here != p['default'] else ''})" \
+    width = p.get("narrow_hidden")
+    narrow = f"; fp32 for a model narrower than {width}, such as the demo" if width else ""
+    default = f" (default {p['default']}{f' = {here} here' if here and here != p['default'] else ''}{narrow})" \
         if p.get("default") else ""
     row("formats", f"{', '.join(f['available'])}{default}; fastest here: {p['fastest'] or '?'}{close}")
     more(f"(a quick probe, not a benchmark: {p['shape']} per call: {timings})")

@@ -4,7 +4,8 @@ weights load, from the model's tune profile on this machine (models.profile, `le
 With a usable profile, auto follows its decision, unless that cannot run here now: a format whose kernel is missing
 falls back to the format auto meant before tune existed, and spec whose offsets or tree file is gone falls back to
 ar, each saying so. Without a profile (never tuned here, unfinished, or stale: other weights, leapvox, torch or CPU)
-auto means what it meant before: mode ar, weights engine.fast.quant.resolve_weights("auto"); the reason says which.
+auto means what it meant before: mode ar, weights `auto_weights` (fp32 for a narrow model such as the demo, else
+engine.fast.quant.resolve_weights("auto")); the reason says which.
 A profile measures the torch engine on this CPU, so another backend (ane) does not follow it: ar and today's weights.
 A fixed mode or format is never changed; the two are chosen independently (`--mode ar --weights auto` runs ar in
 the profile's format).
@@ -12,6 +13,7 @@ the profile's format).
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -54,7 +56,7 @@ def choose(folder: Path, mode: str = AUTO, weights: str = AUTO, backend: str = "
     if mode != AUTO and weights != AUTO:
         return Choice(mode, weights, "", "fixed", mode, weights)
     default_mode = "ar" if mode == AUTO else mode
-    default_weights = resolve_weights(AUTO) if weights == AUTO else weights
+    default_weights = auto_weights(folder) if weights == AUTO else weights
     asked = dict(asked_mode=mode, asked_weights=weights)
     backend = _backend(backend, folder)
     if backend != "cpu":
@@ -66,6 +68,16 @@ def choose(folder: Path, mode: str = AUTO, weights: str = AUTO, backend: str = "
             f"no tune profile here; leapvox tune {name or folder} makes one"
         return Choice(default_mode, default_weights, why, "default", **asked)
     return _follow(profile, folder, mode, weights, default_mode, default_weights, name)
+
+
+def auto_weights(folder: Path) -> str:
+    """What `--weights auto` runs for the model in `folder` without a tune profile: quant.resolve_weights with the
+    width of its talker (config.json; fp32 for a narrow one), or without it where the config does not say."""
+    try:
+        hidden = json.loads((Path(folder) / "config.json").read_text(encoding="utf-8"))["talker_config"]["hidden_size"]
+    except (OSError, ValueError, KeyError, TypeError):  # loading says what is wrong with it, later
+        hidden = None
+    return resolve_weights(AUTO, hidden if isinstance(hidden, int) else None)
 
 
 def _backend(backend: str, folder: Path) -> str:

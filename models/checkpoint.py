@@ -26,7 +26,7 @@ from leapvox.engine.fast.quant import QUANT_FORMATS, WEIGHT_FORMATS, lowers_code
 from leapvox.engine.nets.codec import CodecConfig, CodecDecoder
 from leapvox.engine.nets.demo_codec import DemoCodec, DemoCodecConfig
 from leapvox.engine.nets.talker import TTSModel
-from leapvox.engine.options import SynthesisOptions
+from leapvox.engine.options import AUTO, SynthesisOptions
 from leapvox.engine.prompt import ClonedVoice
 from leapvox.engine.sampling import SamplingParams
 from leapvox.engine.spec import DraftPlan
@@ -306,11 +306,12 @@ def load_checkpoint(path: str | Path, weights: str = "fp32", device: str = "cpu"
     runs on the torch engine; for a ready model by name with a backend, use models.load.load_model. `config` and
     `defaults`, where the caller read them already (models.load.ModelFolder), are not read again."""
     folder = check_folder(Path(path))
-    weights = resolve_weights({"float32": "fp32", "bfloat16": "bf16"}.get(weights, weights))
-    if weights not in WEIGHT_FORMATS:
+    weights = {"float32": "fp32", "bfloat16": "bf16"}.get(weights, weights)
+    if weights != AUTO and weights not in WEIGHT_FORMATS:
         raise ValueError(f"unknown weight format {weights!r}; choose from {', '.join(WEIGHT_FORMATS)}")
-    dtype = torch.float32 if weights in QUANT_FORMATS else DTYPES[weights]
     cfg = config or load_config(folder)  # `config`: read already (models.load.open_model)
+    weights = resolve_weights(weights, cfg.talker.hidden_size)
+    dtype = torch.float32 if weights in QUANT_FORMATS else DTYPES[weights]
     speech = folder / "speech_tokenizer"
     with skeleton():
         tts = TTSModel(cfg.talker)

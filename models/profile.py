@@ -6,7 +6,7 @@ the versions it was made with; a profile made for another model (its fingerprint
 version, or another CPU is stale: it is not followed, and the reason says why (`doctor`, speak's summary line).
 The draft offsets and tree it decided on live where spec mode reads them (models.spec_assets); the profile names
 them. Without a usable profile `auto` means what it meant before tune existed: mode ar, weights
-engine.fast.quant.resolve_weights("auto").
+models.auto.auto_weights (engine.fast.quant.resolve_weights with the model's width).
 """
 
 from __future__ import annotations

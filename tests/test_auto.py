@@ -20,6 +20,7 @@ from leapvox.engine.fast.quant import format_unavailable_reason, resolve_weights
 from leapvox.engine.options import MODE_CHOICES, MODES, WEIGHT_FORMATS
 from leapvox.models import auto
 from leapvox.models.catalog import CATALOG
+from leapvox.models.checkpoint import load_checkpoint
 from leapvox.models.paths import model_key
 from leapvox.models.profile import (
     STAGES,
@@ -36,7 +37,8 @@ from .conftest import FIXTURES, run
 
 TINY = FIXTURES / "tiny-0b6"
 DEMO = CATALOG["demo"].bundled
-TODAY = resolve_weights("auto")  # what --weights auto meant before tune: w8a8 where it runs, else int8
+# what --weights auto means without a profile for these narrow models (TINY 64 wide, the demo 192): fp32
+TODAY = "fp32"
 WHY = "spec: 2.4 tokens/call, 1.6x the predictor's speed here"
 
 
@@ -67,6 +69,24 @@ def test_without_a_profile_auto_is_what_it_was():
     assert (c.mode, c.weights, c.source) == ("ar", TODAY, "default")
     assert c.why == "no tune profile here; leapvox tune tiny makes one"
     assert c.line() == f"mode auto -> ar, weights auto -> {TODAY} (no tune profile here; leapvox tune tiny makes one)"
+
+
+def test_without_a_profile_auto_weights_follow_the_talkers_width(tmp_path):
+    """fp32 below quant.NARROW_HIDDEN (8-bit formats only slow such small products), else what auto is for any
+    model here; a config that does not say (or does not read) gets the latter too."""
+    from leapvox.engine.fast.quant import NARROW_HIDDEN
+
+    assert resolve_weights("auto", 192) == resolve_weights("auto", NARROW_HIDDEN - 1) == "fp32"
+    wide = resolve_weights("auto", NARROW_HIDDEN)
+    assert wide == resolve_weights("auto") == resolve_weights("auto", 2048) and wide in ("w8a8", "int8")
+    assert resolve_weights("bf16", 64) == "bf16" and resolve_weights("w8a8", 64) == "w8a8"  # never a fixed format
+    assert auto.auto_weights(TINY) == auto.auto_weights(DEMO) == TODAY
+    for name, config in (("wide", {"talker_config": {"hidden_size": 1024}}), ("silent", {"talker_config": {}}),
+                         ("broken", None)):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "config.json").write_text("{" if config is None else json.dumps(config))
+        assert auto.auto_weights(tmp_path / name) == wide, name
+    assert load_checkpoint(TINY, weights="auto").weights == "fp32"  # the library's auto: the same rule
 
 
 def test_a_fresh_profile_is_followed():

@@ -237,7 +237,7 @@ def test_every_weight_format_is_probed_and_the_auto_default_is_resolved(capsys, 
     # only w4a8 may be left unprobed, and only where its kernel cannot run (a CPU without AVX-512 VNNI, no compiler)
     unprobed = re.findall(r"(\w+) not probed", formats)
     assert unprobed == (["w4a8"] if w4a8_unavailable_reason() else []), formats
-    assert f"default auto = {here} here" in formats
+    assert f"default auto = {here} here; fp32 for a model narrower than 512, such as the demo" in formats
     assert re.search(r"int8 \d+\.\d{3} ms", formats), formats
 
 

@@ -439,10 +439,19 @@ def _prepack(codes: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | Non
         return torch.ops.quantized.linear_prepack(q, bias)
 
 
-def resolve_weights(weights: str) -> str:
-    """A weight format by name; `auto` is w8a8 where torch's quantized kernels run here (the faster), else int8 (the
+# A talker narrower than this (hidden size) runs `auto` in fp32: its products are so small that an 8-bit format's
+# per-call work (quantizing each activation row, the module path: the fused layer does not take such shapes) costs
+# more than its smaller weights save. The demo (192 wide) is such a model; every Qwen3-TTS model is 1024 or wider.
+NARROW_HIDDEN = 512
+
+
+def resolve_weights(weights: str, hidden: int | None = None) -> str:
+    """A weight format by name. `auto`: fp32 for a model whose talker is narrower than NARROW_HIDDEN (`hidden`,
+    when the caller knows it), else w8a8 where torch's quantized kernels run here (the faster), else int8 (the
     more faithful)."""
     if weights == "auto":
+        if hidden is not None and hidden < NARROW_HIDDEN:
+            return "fp32"
         return "int8" if w8a8_unavailable_reason() else "w8a8"
     return weights
 

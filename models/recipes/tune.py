@@ -37,12 +37,12 @@ from pathlib import Path
 import torch
 
 from leapvox.engine.errors import InputError, LeapvoxError
-from leapvox.engine.fast.quant import resolve_weights
 from leapvox.engine.options import validate
 from leapvox.engine.sampling import suppress_mask_for
 from leapvox.engine.spec import DraftPlan, DraftTree, default_tree
 from leapvox.models import profile as P
 from leapvox.models import tune as T
+from leapvox.models.auto import auto_weights
 from leapvox.models.files import write_bytes_atomic, write_text_atomic
 from leapvox.models.load import load_model
 from leapvox.models.spec_assets import BESIDE, load_offsets, offsets_path, save_offsets, save_tree, tree_path
@@ -114,7 +114,7 @@ class Tune:
         self.path, self.work = P.profile_path(self.folder), P.work_dir(self.folder)
         self._models: dict[str, object] = {}
         self._frames = None
-        self.default_weights = resolve_weights("auto")
+        self.default_weights = auto_weights(self.folder)
 
     # ---- state -------------------------------------------------------------------------------------------------
 
