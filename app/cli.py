@@ -12,6 +12,7 @@ import os
 import shlex
 import signal
 import sys
+import threading
 
 from leapvox.app.common import (
     EXIT_FAILED,
@@ -93,6 +94,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help(sys.stderr)
         return EXIT_USAGE
     previous = _on_sigterm()
+    previous_hook, sys.unraisablehook = sys.unraisablehook, _redeliver_dropped_stops(sys.unraisablehook)
+    _RESEND.active = True
     try:
         return args.func(args)
     except UsageError as e:
@@ -121,24 +124,65 @@ def main(argv: list[str] | None = None) -> int:
         say(f"leapvox: internal error: {type(e).__name__}: {e} (hint: set LEAPVOX_DEBUG=1 for the traceback)")
         return EXIT_FAILED
     finally:
+        with _RESEND.lock:  # no stop is sent again once main() is done (a sent one is handled below)
+            _RESEND.active = False
+        sys.unraisablehook = previous_hook
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
+
+
+_FIRED: list[int] = []  # the SIGTERM handler has raised (cleared when that Terminated was dropped: see below)
 
 
 def _on_sigterm():
     """Turn SIGTERM into `Terminated` (once: a second one while cleaning up is ignored); returns the handler it
     replaced, or None where no handler can be set (not the main thread)."""
-    fired = []
+    _FIRED.clear()
 
     def handler(signum, frame):
-        if not fired:
-            fired.append(signum)
+        if not _FIRED:
+            _FIRED.append(signum)
             raise Terminated()
 
     try:
         return signal.signal(signal.SIGTERM, handler)
     except (ValueError, OSError):
         return None
+
+
+class _RESEND:
+    """Stops sent again by `_redeliver_dropped_stops`, only while main() runs."""
+
+    lock = threading.Lock()
+    active = False
+
+
+def _send_again(signum: int) -> None:
+    with _RESEND.lock:
+        if _RESEND.active:
+            os.kill(os.getpid(), signum)
+
+
+def _redeliver_dropped_stops(previous):
+    """A sys.unraisablehook for main(): a Ctrl-C or SIGTERM whose exception was raised inside a finalizer (a
+    `__del__`, a weakref callback: Python prints "Exception ignored in ..." and carries on) is sent to this process
+    again, so it stops where the program is instead of being lost (and with it, for SIGTERM, every later one).
+    Anything else goes to `previous`."""
+
+    def hook(unraisable):
+        stop = interruption(unraisable.exc_value) if unraisable.exc_value is not None else None
+        if stop is None or os.name != "posix":  # not a stop, or no signals to send again
+            return previous(unraisable)
+        if isinstance(stop, Terminated):
+            _FIRED.clear()
+        # from another thread, a moment later: a process that signals itself runs the handler at once, here, inside
+        # the finalizer still; sent from elsewhere it is handled at the main thread's next check, past the finalizer
+        signum = signal.SIGTERM if isinstance(stop, Terminated) else signal.SIGINT
+        timer = threading.Timer(0.01, _send_again, args=(signum,))
+        timer.daemon = True
+        timer.start()
+
+    return hook
 
 
 if __name__ == "__main__":
