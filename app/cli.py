@@ -116,6 +116,9 @@ def main(argv: list[str] | None = None) -> int:
             word, status = stop_status(stop)
             say(f"leapvox: {word}")
             return status
+        if _FIRED:  # the SIGTERM's exception was lost in C code that raised its own error instead (torch does)
+            say("leapvox: terminated")
+            return 128 + signal.SIGTERM
         if isinstance(e, LeapvoxError):
             say(error_line(e))
             return e.exit_code

@@ -340,6 +340,32 @@ def test_a_signal_inside_a_finalizer_is_not_lost(tmp_path, capsys, monkeypatch, 
     assert sys.unraisablehook is hook  # main() puts the hook back
 
 
+def test_a_sigterm_lost_in_c_code_is_still_a_clean_stop(tmp_path, capsys, monkeypatch):
+    """SIGTERM lands inside C code that drops the handler's exception and raises its own (seen: safetensors'
+    get_tensor under torch says "could not determine the shape of object type 'torch.storage.UntypedStorage'",
+    which the loader reported as a damaged file): still "terminated", 143, no temp file."""
+    from leapvox.engine.synthesis import Synthesizer
+
+    stream = Synthesizer.stream
+
+    def lost_in_c(self, *a, **k):
+        for chunk in stream(self, *a, **k):
+            yield chunk
+            try:
+                os.kill(os.getpid(), signal.SIGTERM)
+                time.sleep(1)  # the handler raises here
+            except KeyboardInterrupt:
+                pass  # ... and the C code replaces it with its own error
+            raise ValueError("could not determine the shape of object type 'torch.storage.UntypedStorage'")
+
+    monkeypatch.setattr(Synthesizer, "stream", lost_in_c)
+    status, out, err = run(capsys, "speak", "Hello world. Second sentence.", "-o", tmp_path / "x.wav",
+                           "--model", MODEL, *FAST)
+    assert status == 143 and out == ""
+    assert one_line(err) == "leapvox: terminated"
+    assert list(tmp_path.iterdir()) == []
+
+
 @pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
 def test_sigterm_subprocess_exits_143_without_traceback(tmp_path):
     out = tmp_path / "x.wav"
