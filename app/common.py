@@ -163,7 +163,9 @@ def choose(args, model, mode: str | None = None):
     mode = mode or getattr(args, "mode", None) or "ar"
     weights = getattr(model, "weights", None) or getattr(args, "weights", None) or AUTO  # a loaded model's are known
     backend = getattr(model, "backend_name", None) or getattr(args, "backend", "cpu")
-    return choose_auto(model.path, mode, weights, backend, getattr(args, "model", None))
+    talker = getattr(getattr(model, "config", None), "talker", None)  # read already: not read again
+    return choose_auto(model.path, mode, weights, backend, getattr(args, "model", None),
+                       getattr(talker, "hidden_size", None))
 
 
 def load(args, model=None, pull: bool = False, say=tell, weights: str | None = None):

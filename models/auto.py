@@ -49,14 +49,15 @@ class Choice:
 
 
 def choose(folder: Path, mode: str = AUTO, weights: str = AUTO, backend: str = "cpu",
-           name: str | None = None) -> Choice:
+           name: str | None = None, hidden: int | None = None) -> Choice:
     """The mode and weights to run for the model in `folder` when `mode` and `weights` are asked for (`auto` or
     fixed), on `backend` as resolved (cpu, ane; `auto` is resolved here). `name` is the model as the user names it
-    (for the hint `leapvox tune NAME`). Reads the profile only when something is auto; never reads the weights."""
+    (for the hint `leapvox tune NAME`); `hidden`, its talker's width where the caller has read its config already.
+    Reads the profile only when something is auto; never reads the weights."""
     if mode != AUTO and weights != AUTO:
         return Choice(mode, weights, "", "fixed", mode, weights)
     default_mode = "ar" if mode == AUTO else mode
-    default_weights = auto_weights(folder) if weights == AUTO else weights
+    default_weights = auto_weights(folder, hidden) if weights == AUTO else weights
     asked = dict(asked_mode=mode, asked_weights=weights)
     backend = _backend(backend, folder)
     if backend != "cpu":
@@ -70,9 +71,12 @@ def choose(folder: Path, mode: str = AUTO, weights: str = AUTO, backend: str = "
     return _follow(profile, folder, mode, weights, default_mode, default_weights, name)
 
 
-def auto_weights(folder: Path) -> str:
+def auto_weights(folder: Path, hidden: int | None = None) -> str:
     """What `--weights auto` runs for the model in `folder` without a tune profile: quant.resolve_weights with the
-    width of its talker (config.json; fp32 for a narrow one), or without it where the config does not say."""
+    width of its talker (`hidden`, else read from its config.json; fp32 for a narrow one), or without it where the
+    config does not say."""
+    if hidden is not None:
+        return resolve_weights(AUTO, hidden)
     try:
         hidden = json.loads((Path(folder) / "config.json").read_text(encoding="utf-8"))["talker_config"]["hidden_size"]
     except (OSError, ValueError, KeyError, TypeError):  # loading says what is wrong with it, later
