@@ -100,7 +100,7 @@ def test_many_rows_give_the_bits_of_one_row_at_a_time(op, m, k, n):
 def test_amx_only_where_the_cpu_has_it_and_the_switch_turns_it_off(op):
     if kernels.amx_enabled():
         assert "amx_int8" in kernels.cpu_flags() and "AMX" in kernels.describe()
-    code = "from leapvox.engine import kernels; print(kernels.amx_enabled(), kernels.describe())"
+    code = "from leapvox.engine.fast import kernels; print(kernels.amx_enabled(), kernels.describe())"
     r = subprocess.run([sys.executable, "-c", code], env=dict(os.environ, LEAPVOX_AMX="0"), capture_output=True,
                        text=True, timeout=300)
     assert r.returncode == 0, r.stderr
@@ -161,7 +161,8 @@ def test_a_failing_build_falls_back_and_leaves_nothing(tmp_path):
     if kernels._static_reason() is not None:
         pytest.skip(f"the kernel is not built on this machine at all ({kernels._static_reason()})")
     env = dict(os.environ, CXX="false", LEAPVOX_HOME=str(tmp_path))  # `false`: a "compiler" that fails at once
-    code = (f"from leapvox.engine import kernels; kernels.PREBUILT_DIR = kernels.Path({str(tmp_path / 'none')!r}); "
+    code = ("from leapvox.engine.fast import kernels; "
+            f"kernels.PREBUILT_DIR = kernels.Path({str(tmp_path / 'none')!r}); "
             "print(kernels.w8a8_op() is None); print(kernels.unavailable_reason())")
     r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
@@ -174,7 +175,7 @@ def test_a_failing_build_falls_back_and_leaves_nothing(tmp_path):
 def _without_a_compiler(prebuilt: Path, cache: Path) -> list[str]:
     """In a fresh process with no C++ compiler and an empty build cache, looking in `prebuilt`: describe(), whether
     w8a8 and w4a8 run on leapvox's kernels, and unavailable_reason()."""
-    code = (f"from leapvox.engine import kernels; kernels.PREBUILT_DIR = kernels.Path({str(prebuilt)!r}); "
+    code = (f"from leapvox.engine.fast import kernels; kernels.PREBUILT_DIR = kernels.Path({str(prebuilt)!r}); "
             "kernels._compiler = lambda: None; print(kernels.describe()); print(kernels.w8a8_op() is not None); "
             "print(kernels.w4a8_op() is not None); print(kernels.unavailable_reason())")
     r = subprocess.run([sys.executable, "-c", code], env=dict(os.environ, LEAPVOX_HOME=str(cache)),
@@ -217,7 +218,7 @@ def test_a_broken_prebuilt_library_is_built_afresh_where_a_compiler_is(op, tmp_p
     out = tmp_path / "prebuilt"
     out.mkdir()
     (out / kernels._prebuilt_name()).write_bytes(b"not a library")
-    code = (f"from leapvox.engine import kernels; kernels.PREBUILT_DIR = kernels.Path({str(out)!r}); "
+    code = (f"from leapvox.engine.fast import kernels; kernels.PREBUILT_DIR = kernels.Path({str(out)!r}); "
             "print(kernels.describe())")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)  # the build cache
     assert r.returncode == 0, r.stderr

@@ -4,7 +4,10 @@
         [--rounds 6] [--steps 24] [--frames 8] [--formats w8a8,w4a8] [--json tests/benchmarks/hot-loop.json]
 
 BEFORE is a copy of the package importable from DIR under another name (e.g. DIR/leapvox_before/{engine,models}
-with `leapvox.` rewritten to `leapvox_before.` in its imports). Both load the same random weights of the 0.6B
+with `leapvox.` rewritten to `leapvox_before.` in its imports, and its kernels' torch namespace `leapvox_kernels`
+renamed too, e.g. to `leapvox_kernels_before`: two libraries cannot register one namespace in a process, and the
+tree whose library failed to load would run torch's fallback; each format's `setup` records which kernel each tree
+ran and how many layers it fused). Both load the same random weights of the 0.6B
 architecture (a small text vocabulary: the text table is not on the hot loop) and convert them as each one's loader
 does (`quantize_model`, then `fused.fuse_decoder_layers` where the tree has it). Per format and round, BEFORE then
 AFTER (A B A B ...): a talker step (one frame row through the 28 layers and the code-0 head, full cache, after a
@@ -31,7 +34,7 @@ from leapvox.models.recipes.geometry import model_config
 def _modules(pkg: str) -> dict:
     """The tree's modules by short name: engine/nets/ and engine/fast/ since the layout of issue #38, engine/ before."""
     where = {"config": ("",), "caches": ("",), "sampling": ("",), "talker": ("nets.", ""), "quant": ("fast.", ""),
-             "predictor": ("fast.", ""), "fused": ("fast.", "")}
+             "predictor": ("fast.", ""), "fused": ("fast.", ""), "kernels": ("fast.", "")}
     mods = {}
     for name, places in where.items():
         for place in places:
@@ -60,9 +63,17 @@ def build(mods: dict, cfg_dict: dict, state: dict, weights: str):
     tts = mods["talker"].TTSModel(mods["config"].TTSConfig.from_dict(cfg_dict).talker).eval()
     tts.load_state_dict(state)
     mods["quant"].quantize_model(tts, weights)
+    fused = 0
     if mods["fused"] is not None and hasattr(mods["fused"], "fuse_decoder_layers"):
-        mods["fused"].fuse_decoder_layers(tts)
-    return tts.talker
+        fused = mods["fused"].fuse_decoder_layers(tts)
+    return tts.talker, fused
+
+
+def kernel_of(mods: dict) -> str:
+    """Which w8a8 kernel the tree runs here (its kernels.describe()): both trees must name leapvox's own, or the
+    ratio compares a kernel with its fallback."""
+    k = mods.get("kernels")
+    return k.describe() if k is not None and hasattr(k, "describe") else "unknown"
 
 
 @torch.inference_mode()
@@ -111,7 +122,11 @@ def run(before: str, formats: list[str], rounds: int, steps: int, frames: int) -
             out[weights] = {"unavailable": why}
             print(f"{weights}: not measured here ({why})", file=sys.stderr)
             continue
-        talkers = {name: build(mods, cfg_dict, state, weights) for name, mods in trees.items()}
+        built = {name: build(mods, cfg_dict, state, weights) for name, mods in trees.items()}
+        talkers = {name: b[0] for name, b in built.items()}
+        setup = {name: {"kernel": kernel_of(mods), "fused_layers": built[name][1]} for name, mods in trees.items()}
+        for name, what in setup.items():
+            print(f"{weights} {name}: {what['kernel']}; {what['fused_layers']} layers fused", file=sys.stderr)
         for name, mods in trees.items():  # warm-up: kernels, loops, caches
             talker_step(mods, talkers[name], 4)
             predictor_frame(mods, talkers[name], 2)
@@ -128,8 +143,8 @@ def run(before: str, formats: list[str], rounds: int, steps: int, frames: int) -
             m["median_before"], m["median_after"] = statistics.median(m["before"]), statistics.median(m["after"])
             m["ratio"] = m["median_after"] / m["median_before"]
             m["round_ratios"] = [a / b for a, b in zip(m["after"], m["before"], strict=True)]
-        out[weights] = res
-        del talkers
+        out[weights] = {**res, "setup": setup}
+        del talkers, built
     return out
 
 
@@ -140,6 +155,8 @@ def table(result: dict) -> str:
             lines.append(f"{weights:<7} not measured: {res['unavailable']}")
             continue
         for name, m in res.items():
+            if name == "setup":
+                continue
             lo, hi = min(m["round_ratios"]), max(m["round_ratios"])
             lines.append(f"{weights:<7} {name:<20} {m['median_before']:>9.2f} {m['median_after']:>9.2f} "
                          f"{m['ratio']:>13.3f}  {lo:.3f}..{hi:.3f}")
