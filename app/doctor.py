@@ -148,6 +148,7 @@ def probe_formats(formats: list[str], budget_s: float = 0.06) -> dict:
         "narrow_hidden": NARROW_HIDDEN,  # ... for a model at least this wide; fp32 for a narrower one
         "w8a8_kernel": kernels.describe(),  # leapvox's compiled kernel, or torch's and why
         "w8a8_kernel_hint": kernels.hint(),
+        "fp32_layer": kernels.describe_fp32(),  # what a narrow fp32 model's decoder layers run on
     }
     if not_probed:
         out["not_probed"] = not_probed
@@ -451,6 +452,8 @@ def render(r: dict) -> str:
         more(f"w8a8 runs on {p['w8a8_kernel']}")
     if p.get("w8a8_kernel_hint"):
         more(f"hint: {p['w8a8_kernel_hint']}")
+    if p.get("fp32_layer"):
+        more(f"fp32 layers of a narrow model (the demo) run on {p['fp32_layer']}")
     block("backends", [f"{name:<7} {'ready' if b['ready'] else 'no'}: {b['detail']}"
                        for name, b in r["backends"].items()])
     a = r["audio"]

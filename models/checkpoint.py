@@ -21,8 +21,15 @@ from torch import nn
 from leapvox.engine.config import TTSConfig
 from leapvox.engine.errors import CheckpointError
 from leapvox.engine.fast.codec_ops import FastCodecOps
-from leapvox.engine.fast.fused import fuse_decoder_layers
-from leapvox.engine.fast.quant import QUANT_FORMATS, WEIGHT_FORMATS, lowers_codec, quantize_model, resolve_weights
+from leapvox.engine.fast.fused import fuse_decoder_layers, fuse_fp32_layers
+from leapvox.engine.fast.quant import (
+    NARROW_HIDDEN,
+    QUANT_FORMATS,
+    WEIGHT_FORMATS,
+    lowers_codec,
+    quantize_model,
+    resolve_weights,
+)
 from leapvox.engine.nets.codec import CodecConfig, CodecDecoder
 from leapvox.engine.nets.demo_codec import DemoCodec, DemoCodecConfig
 from leapvox.engine.nets.talker import TTSModel
@@ -339,6 +346,8 @@ def load_checkpoint(path: str | Path, weights: str = "fp32", device: str = "cpu"
         codec.lower_precision()
     tts.to(device).eval()
     codec.to(device).eval()
+    if weights == "fp32" and cfg.talker.hidden_size < NARROW_HIDDEN and torch.device(device).type == "cpu":
+        fuse_fp32_layers(tts)  # a narrow model's layers as one compiled call each (engine.fast.fused)
     tokenizer = TextTokenizer(folder, frontend=text_frontend(vars(cfg)))
     plan = draft_plan(folder, tts.talker.code_predictor.cfg.hidden_size)
     defaults = defaults or model_defaults(folder, cfg)

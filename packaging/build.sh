@@ -70,7 +70,8 @@ if [ "$(uname -s)" = Linux ] && [ "$(uname -m)" = x86_64 ]; then
   # C++ compiler on this machine; not its CPU features) into the installed package, which the spec collects.
   step "leapvox's CPU kernels, prebuilt for the bundle"
   "$VPY" -m leapvox.engine.fast.kernels prebuild >&2 \
-    || echo "build.sh: note: the bundle will run w8a8 on torch's kernels (about 1.6x slower) and offer no w4a8" >&2
+    || echo "build.sh: note: the bundle will run w8a8 on torch's kernels (about 1.6x slower), offer no w4a8 and run" \
+            "the demo's layers op by op" >&2
 fi
 
 step "PyInstaller (one-folder bundle)"

@@ -53,6 +53,12 @@ if [ "$runs_kernels" = 1 ] && compgen -G "$INTERNAL/leapvox/engine/fast/kernels/
   grep -q "w8a8 runs on leapvox AVX-512 VNNI kernel (prebuilt" "$WORK/doctor.txt" \
     || fail "the bundle has prebuilt kernels and this CPU runs them, but doctor says w8a8 does not use them"
 fi
+# ... and the fp32 layer (narrow models such as the demo) on any CPU with AVX2 and FMA.
+if [[ "$flags" == *" avx2 "* && "$flags" == *" fma "* ]] \
+    && compgen -G "$INTERNAL/leapvox/engine/fast/kernels/prebuilt/*.so" >/dev/null; then
+  grep -q "run on leapvox's compiled fp32 layer (prebuilt)" "$WORK/doctor.txt" \
+    || fail "the bundle has prebuilt kernels and this CPU runs them, but doctor says the fp32 layer does not use them"
+fi
 
 step "no second copy of torch's libraries"
 for lib in "$INTERNAL"/torch/lib/*.so*; do

@@ -174,10 +174,11 @@ def test_a_failing_build_falls_back_and_leaves_nothing(tmp_path):
 
 def _without_a_compiler(prebuilt: Path, cache: Path) -> list[str]:
     """In a fresh process with no C++ compiler and an empty build cache, looking in `prebuilt`: describe(), whether
-    w8a8 and w4a8 run on leapvox's kernels, and unavailable_reason()."""
+    w8a8 and w4a8 run on leapvox's kernels, unavailable_reason() and describe_fp32()."""
     code = (f"from leapvox.engine.fast import kernels; kernels.PREBUILT_DIR = kernels.Path({str(prebuilt)!r}); "
             "kernels._compiler = lambda: None; print(kernels.describe()); print(kernels.w8a8_op() is not None); "
-            "print(kernels.w4a8_op() is not None); print(kernels.unavailable_reason())")
+            "print(kernels.w4a8_op() is not None); print(kernels.unavailable_reason()); "
+            "print(kernels.describe_fp32())")
     r = subprocess.run([sys.executable, "-c", code], env=dict(os.environ, LEAPVOX_HOME=str(cache)),
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
@@ -192,12 +193,14 @@ def test_a_prebuilt_library_runs_without_a_compiler(op, tmp_path):
     r = subprocess.run([sys.executable, "-m", "leapvox.engine.fast.kernels", "prebuild", "--out", str(out)],
                        capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr
-    lib = Path(r.stdout.strip())
+    lib, fp32 = map(Path, r.stdout.split())
     assert lib.parent == out and lib.name == kernels._prebuilt_name() and lib.stat().st_mode & 0o777 == 0o644
-    assert [p.name for p in out.iterdir()] == [lib.name]  # no part file left
-    described, w8a8, w4a8, reason = _without_a_compiler(out, tmp_path / "cache")
+    assert fp32.parent == out and fp32.name == kernels._prebuilt_name(kernels.FP32_SOURCES, kernels.FP32_FLAGS)
+    assert sorted(p.name for p in out.iterdir()) == sorted([lib.name, fp32.name])  # no part file left
+    described, w8a8, w4a8, reason, fp32_layer = _without_a_compiler(out, tmp_path / "cache")
     assert described.startswith("leapvox AVX-512 VNNI kernel (prebuilt")
     assert (w8a8, w4a8, reason) == ("True", "True", "None")
+    assert fp32_layer == "leapvox's compiled fp32 layer (prebuilt)"
 
 
 def test_a_prebuilt_library_for_other_sources_or_broken_is_not_used(op, tmp_path):
@@ -206,11 +209,11 @@ def test_a_prebuilt_library_for_other_sources_or_broken_is_not_used(op, tmp_path
     out = tmp_path / "prebuilt"
     out.mkdir()
     stale = kernels.prebuild(out).rename(out / "leapvox-0123456789abcdef.so")  # a real library, another name
-    described, w8a8, _, reason = _without_a_compiler(out, tmp_path / "cache1")
+    described, w8a8, _, reason, _ = _without_a_compiler(out, tmp_path / "cache1")
     assert described.startswith("torch's") and w8a8 == "False" and reason.startswith("no C++ compiler")
     stale.unlink()
     (out / kernels._prebuilt_name()).write_bytes(b"not a library")
-    described, w8a8, _, reason = _without_a_compiler(out, tmp_path / "cache2")
+    described, w8a8, _, reason, _ = _without_a_compiler(out, tmp_path / "cache2")
     assert described.startswith("torch's") and w8a8 == "False" and reason.startswith("it could not be loaded")
 
 
@@ -442,6 +445,100 @@ def test_fused_layer_only_for_shapes_it_takes(op):
     with torch.inference_mode():
         stack.setup_cache(4)
         assert stack(torch.randn(1, 2, 256), 0).shape == (1, 2, 256)
+
+
+# ---- the portable fp32 decoder layer (fp32.cpp, fused.fuse_fp32_layers) --------------------------------------------
+
+
+@pytest.fixture
+def fp32_op():
+    f = kernels.fp32_layer_op()
+    if f is None:
+        pytest.skip(f"the compiled fp32 layer is not available here ({kernels.fp32_unavailable_reason()}); "
+                    "the module path it replaces is tested everywhere else")
+    return f
+
+
+def fp32_stack(head_dim: int = 48):
+    """A random 2-layer fp32 Qwen3 stack of the demo's kind (head_dim 48: no vector-width multiple)."""
+    from leapvox.engine.config import TransformerConfig
+    from leapvox.engine.nets.transformer import DecoderStack
+
+    torch.manual_seed(0)
+    cfg = TransformerConfig(hidden_size=256, intermediate_size=720, num_hidden_layers=2, num_attention_heads=8,
+                            num_key_value_heads=2, head_dim=head_dim)
+    stack = DecoderStack(cfg).eval()
+    with torch.no_grad():
+        for p in stack.parameters():
+            p.add_(torch.randn_like(p) * 0.05)  # norms away from 1, so a mixed-up weight would show
+    return stack
+
+
+def test_fp32_layer_equals_the_module_path(fp32_op):
+    """The one parity test of the fp32 C++ backend (`qwen3_layer_f32`) against the Python decoder layer: prefill,
+    a decode step and masked rows at repeated positions, outputs and every K/V slot, up to fp32 rounding."""
+    from leapvox.engine.fast import fused as fusion
+
+    stack = fp32_stack()
+    assert fusion.fuse_fp32_stack_layers(stack.layers) == 2
+    assert all(isinstance(layer.kernel, fusion.FusedLayerF32) for layer in stack.layers)
+    fast, slow = run_stack(stack, True), run_stack(stack, False)
+    for a, b in zip(fast, slow, strict=True):
+        assert ((a - b).abs().max() / b.abs().max()).item() < 1e-5
+    assert not torch.equal(fast[0], slow[0])  # really two computations
+
+
+def test_fp32_layer_gives_a_row_the_same_bits_alone_or_among_others(fp32_op):
+    """Spec's verify call holds the root row that an ar call would compute alone: the kernel sums every value in one
+    order whatever the rows, so the root row's output and K/V are bit-identical."""
+    from leapvox.engine.fast import fused as fusion
+
+    stack = fp32_stack()
+    fusion.fuse_fp32_stack_layers(stack.layers)
+    f = stack.layers[0].kernel
+    g = torch.Generator().manual_seed(3)
+    prefix = torch.randn(5, 256, generator=g)
+    rows = torch.randn(9, 256, generator=g)
+    stack.setup_cache(16)
+    cos, sin = stack.rope_cos, stack.rope_sin
+    outs, caches = [], []
+    with torch.inference_mode():
+        for n in (1, 9):
+            kc, vc = torch.zeros(2, 1, 16, 48), torch.zeros(2, 1, 16, 48)
+            f(prefix, kc, vc, 0, cos[:5], sin[:5], None, 5)
+            mask = torch.ones(n, 5 + n, dtype=torch.bool)
+            mask[:, 5:] = torch.eye(n, dtype=torch.bool)  # each row sees the prefix and itself
+            outs.append(f(rows[:n], kc, vc, 5, cos[5 : 5 + n], sin[5 : 5 + n], mask, 5 + n))
+            caches.append((kc[:, :, 5].clone(), vc[:, :, 5].clone()))
+    assert torch.equal(outs[0][0], outs[1][0])
+    assert torch.equal(caches[0][0], caches[1][0]) and torch.equal(caches[0][1], caches[1][1])
+
+
+def test_fp32_layer_only_for_plain_fp32_layers(fp32_op):
+    from leapvox.engine.fast import fused as fusion
+
+    stack = fp32_stack()
+    stack.layers[0].self_attn.q_proj = torch.nn.Linear(256, 8 * 48, bias=True)  # a bias: the module path
+    stack.layers[1].to(torch.bfloat16)
+    assert not fusion.takes_fp32(stack.layers[0]) and not fusion.takes_fp32(stack.layers[1])
+    assert fusion.fuse_fp32_stack_layers(stack.layers) == 0
+    assert fusion.fuse_fp32_stack_layers(fp32_stack(head_dim=32).layers) == 2
+
+
+def test_the_loader_fuses_a_narrow_fp32_model_only(fp32_op):
+    """load_checkpoint swaps the demo's fp32 layers (talker 4, predictor 2) for compiled ones, not in another weight
+    format."""
+    from leapvox.engine.fast import fused as fusion
+    from leapvox.models.catalog import ASSETS
+    from leapvox.models.checkpoint import load_checkpoint
+
+    def fused_layers(weights):
+        tts = load_checkpoint(ASSETS / "demo", weights).tts
+        layers = [*tts.talker.model.layers, *tts.talker.code_predictor.model.layers]
+        return sum(isinstance(layer, fusion.FusedDecoderLayer) for layer in layers), len(layers)
+
+    assert fused_layers("fp32") == (6, 6)
+    assert fused_layers("bf16") == (0, 6)
 
 
 # ---- the codec's kernels (codec.cpp) -------------------------------------------------------------------------------

@@ -122,7 +122,10 @@ async def _stop_mid_utterance_then_switch_voice(tmp_path):
         await until(pilot, lambda: len(history.utterances) == 1, timeout=10)
         assert time.perf_counter() - stopped[0] < 2.0  # the worker checks for cancellation every frame
         u = history.utterances[0]
-        assert u.cancelled and u.stats.stop_reasons[-1] == "cancelled" and u.stats.sentence == 1
+        # the sentence in progress was cut (which one depends on how fast the random model runs: the UI sees "2
+        # frames" a moment after they were made, and the fused fp32 layers make ~300 frames a second here)
+        assert u.cancelled and u.stats.stop_reasons[-1] == "cancelled"
+        assert len(u.stats.stop_reasons) == u.stats.sentence <= u.stats.sentences
         assert not app.query_one("#speak", Button).disabled
 
         # switch speaker and mode between utterances; the mode selector lists auto and exactly the available modes

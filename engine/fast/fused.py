@@ -1,4 +1,5 @@
-"""A Qwen3 decoder layer as one call into leapvox's compiled kernel, for w8a8 / w4a8 weights at batch 1.
+"""A Qwen3 decoder layer as one call into leapvox's compiled kernels at batch 1: w8a8 / w4a8 weights, and fp32 ones of
+narrow models.
 
 At batch 1 a decoder layer's time on the CPU is mostly not its products but the ~25 small torch ops around them.
 `engine/fast/kernels/w8a8.cpp`'s `qwen3_layer` runs the whole layer in C++ instead: the norms, the fused q/k/v product,
@@ -10,6 +11,10 @@ operations, so it equals `transformer.DecoderLayer` up to fp32 rounding (tests/t
 `fuse_decoder_layers(tts)` swaps each decoder layer that the kernel takes (every product a W8A8Linear on leapvox's
 kernel, q/k/v and gate/up fused, no bias, fp32 norms, shapes it handles) for a `FusedDecoderLayer`: the same
 module tree and call, so the talker's steps, the reference predictor loop and `predictor.PredictorLoop` all run it.
+`fuse_fp32_layers(tts)` does the same with `kernels/fp32.cpp`'s `qwen3_layer_f32` (portable C++, AVX2/FMA; the
+layer's own nn.Linear weights read in place) for the narrow fp32 models the loader gives it: there the ~25 torch ops
+are nearly all of a step. Equal to the module path up to fp32 rounding; a row gives the same bits alone or among
+others (spec's verify call).
 """
 
 from __future__ import annotations
@@ -51,16 +56,38 @@ class FusedLayer:
                        self.qk_eps, self.rot_block)
 
 
+class FusedLayerF32:
+    """One fp32 decoder layer's own weight tensors (read in place, not copied) for `kernels.fp32_layer_op()`; the
+    same call as FusedLayer."""
+
+    def __init__(self, layer: nn.Module, op):
+        a, mlp = layer.self_attn, layer.mlp
+        self.op = op
+        self.nh, self.nkv = a.n_heads, a.n_kv
+        self.eps, self.qk_eps = float(layer.input_layernorm.eps), float(a.q_norm.eps)
+        self.weights = [
+            layer.input_layernorm.weight.detach(), a.q_norm.weight.detach(), a.k_norm.weight.detach(),
+            layer.post_attention_layernorm.weight.detach(),
+            *(m.weight.detach() for m in (a.q_proj, a.k_proj, a.v_proj, a.o_proj, mlp.gate_proj, mlp.up_proj,
+                                          mlp.down_proj)),
+        ]
+
+    def __call__(self, x: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, slot: int, cos: torch.Tensor,
+                 sin: torch.Tensor, mask: torch.Tensor | None, span: int) -> torch.Tensor:
+        return self.op(x, self.weights, kc, vc, slot, cos, sin, mask, span, self.nh, self.nkv, self.eps, self.qk_eps)
+
+
 class FusedDecoderLayer(DecoderLayer):
     """A DecoderLayer whose cached batch-1 calls on fp32 CPU rows (no autograd, a boolean [T, S] mask or none) are
-    one `qwen3_layer` call; every other call (batches, training, a float mask, inside `disabled()`) takes the
-    module path of the same weights. Built by `fuse_decoder_layers` once the model has its final dtype."""
+    one compiled call (`qwen3_layer` for w8a8 / w4a8, `qwen3_layer_f32` for fp32); every other call (batches,
+    training, a float mask, inside `disabled()`) takes the module path of the same weights. Built by
+    `fuse_decoder_layers` or `fuse_fp32_layers` once the model has its final dtype."""
 
-    def __init__(self, layer: DecoderLayer, op):
+    def __init__(self, layer: DecoderLayer, op, kind: type = FusedLayer):
         nn.Module.__init__(self)
         self.input_layernorm, self.self_attn = layer.input_layernorm, layer.self_attn
         self.post_attention_layernorm, self.mlp = layer.post_attention_layernorm, layer.mlp
-        self.kernel = FusedLayer(self, op)
+        self.kernel = kind(self, op)
 
     def forward(self, x, cos, sin, cache=None, start=0, mask=None, span=None, dropout: float = 0.0):
         if cache is not None and x.shape[0] == 1 and _ENABLED[0] and usable(x, mask):
@@ -98,6 +125,45 @@ def fuse_stack_layers(layers: nn.ModuleList) -> int:
     for i, layer in enumerate(layers):
         if not isinstance(layer, FusedDecoderLayer) and takes(layer):
             layers[i] = FusedDecoderLayer(layer, op)
+            n += 1
+    return n
+
+
+def takes_fp32(layer: nn.Module) -> bool:
+    """Whether `qwen3_layer_f32` takes this layer: the plain DecoderLayer (separate q/k/v and gate/up nn.Linear
+    products without biases), every weight fp32 on the CPU, an even head_dim and whole query heads per KV head."""
+    if type(layer) is not DecoderLayer:
+        return False
+    a, mlp = layer.self_attn, layer.mlp
+    linears = (a.q_proj, a.k_proj, a.v_proj, a.o_proj, mlp.gate_proj, mlp.up_proj, mlp.down_proj)
+    if not all(type(m) is nn.Linear and m.bias is None for m in linears):
+        return False
+    weights = [m.weight for m in linears] + [layer.input_layernorm.weight, layer.post_attention_layernorm.weight,
+                                             a.q_norm.weight, a.k_norm.weight]
+    if not all(w.dtype == torch.float32 and w.device.type == "cpu" and w.is_contiguous() for w in weights):
+        return False
+    return a.head_dim % 2 == 0 and a.head_dim <= 1024 and a.n_heads % a.n_kv == 0
+
+
+def fuse_fp32_layers(tts) -> int:
+    """Swap every fp32 decoder layer of the talker and the code predictor that `qwen3_layer_f32` takes
+    (`takes_fp32`) for a FusedDecoderLayer. The loader calls it for narrow models in fp32 (quant.NARROW_HIDDEN), whose
+    decode steps are mostly the ~25 small torch ops around each layer's products; the wide models keep the module
+    path (its products are the time there, and its bits are the reference's). Returns how many were swapped (0
+    where the kernel is not built here)."""
+    talker = tts.talker
+    return sum(fuse_fp32_stack_layers(s.layers) for s in (talker.model, talker.code_predictor.model))
+
+
+def fuse_fp32_stack_layers(layers: nn.ModuleList) -> int:
+    """fuse_fp32_layers over one stack's layers."""
+    op = kernels.fp32_layer_op()
+    if op is None:
+        return 0
+    n = 0
+    for i, layer in enumerate(layers):
+        if takes_fp32(layer):
+            layers[i] = FusedDecoderLayer(layer, op, FusedLayerF32)
             n += 1
     return n
 

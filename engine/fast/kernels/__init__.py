@@ -41,6 +41,10 @@ import torch
 import torch.nn.functional as F
 
 SOURCES = [Path(__file__).with_name(name) for name in ("w8a8.cpp", "codec.cpp")]
+# the portable fp32 layer (fp32.cpp; fp32_layer_op): plain C++ for the compiler's vectoriser, x86-64-v3 (AVX2, FMA)
+FP32_SOURCES = [Path(__file__).with_name("fp32.cpp")]
+FP32_FLAGS = ("-mavx2", "-mfma")
+FP32_CPU = {"avx2", "fma"}
 COLS, K_GROUP = 64, 4  # the packed layout: blocks of 64 weight rows (output columns), 4 input features at a time
 ISA_FLAGS = ("-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni")
 ENV_SWITCH = "LEAPVOX_KERNELS"  # "0": never build or load (torch's kernels only)
@@ -104,42 +108,46 @@ def _build_reason() -> str | None:
     return None
 
 
-def _build_command(cxx: str, out: Path) -> list[str]:
+def _build_command(cxx: str, out: Path, sources: list[Path] | None = None,
+                   flags: tuple[str, ...] = ISA_FLAGS) -> list[str]:
     root = Path(torch.__file__).parent
     abi = int(getattr(torch._C, "_GLIBCXX_USE_CXX11_ABI", True))
     return [
-        cxx, "-O3", "-std=c++20", "-shared", "-fPIC", "-fopenmp", *ISA_FLAGS, f"-D_GLIBCXX_USE_CXX11_ABI={abi}",
+        cxx, "-O3", "-std=c++20", "-shared", "-fPIC", "-fopenmp", *flags, f"-D_GLIBCXX_USE_CXX11_ABI={abi}",
         "-w", f"-I{root / 'include'}", f"-I{root / 'include' / 'torch' / 'csrc' / 'api' / 'include'}",
-        *map(str, SOURCES), "-o", str(out), f"-L{root / 'lib'}", f"-Wl,-rpath,{root / 'lib'}", "-lc10", "-ltorch_cpu",
+        *map(str, sources or SOURCES), "-o", str(out), f"-L{root / 'lib'}", f"-Wl,-rpath,{root / 'lib'}", "-lc10",
+        "-ltorch_cpu",
     ]  # -fopenmp links torch's own libgomp (its lib/ comes first): one OpenMP runtime in the process
 
 
-def _library_key(compiler: str = "") -> str:
-    """A hash of the kernel sources, this torch version, `compiler` (its --version text, or none) and the ISA flags."""
-    return hashlib.sha256(b"".join(s.read_bytes() for s in SOURCES) + torch.__version__.encode() + compiler.encode()
-                          + " ".join(ISA_FLAGS).encode()).hexdigest()[:16]
+def _library_key(compiler: str = "", sources: list[Path] | None = None, flags: tuple[str, ...] = ISA_FLAGS) -> str:
+    """A hash of the kernel sources (default SOURCES), this torch version, `compiler` (its --version text, or none)
+    and the ISA flags."""
+    return hashlib.sha256(b"".join(s.read_bytes() for s in (sources or SOURCES)) + torch.__version__.encode()
+                          + compiler.encode() + " ".join(flags).encode()).hexdigest()[:16]
 
 
-def _prebuilt_name() -> str:
+def _prebuilt_name(sources: list[Path] | None = None, flags: tuple[str, ...] = ISA_FLAGS) -> str:
     """The file name a prebuilt library has for these sources, this torch and these ISA flags (no compiler: any
     compiler's build of the same sources against the same torch headers is the same library to its users)."""
-    return f"leapvox-{_library_key()}.so"
+    return f"leapvox-{_library_key('', sources, flags)}.so"
 
 
-def prebuilt_library() -> Path | None:
+def prebuilt_library(sources: list[Path] | None = None, flags: tuple[str, ...] = ISA_FLAGS) -> Path | None:
     """The prebuilt library for these sources and this torch in PREBUILT_DIR, or None (also where the sources that
     name it are not installed)."""
     try:
-        lib = PREBUILT_DIR / _prebuilt_name()
+        lib = PREBUILT_DIR / _prebuilt_name(sources, flags)
     except OSError:
         return None
     return lib if lib.is_file() else None
 
 
-def prebuild(out: Path | None = None) -> Path:
-    """Build the library here (or take this machine's cached build) and place it in `out` (default PREBUILT_DIR)
-    under the name that prebuilt_library() looks for; written atomically. Needs x86-64 Linux, a C++ compiler and
-    torch's headers, not the CPU features (the library checks those where it runs). Raises RuntimeError."""
+def prebuild(out: Path | None = None, sources: list[Path] | None = None, flags: tuple[str, ...] = ISA_FLAGS) -> Path:
+    """Build the library of `sources` (default SOURCES; FP32_SOURCES with FP32_FLAGS for the fp32 layer) here, or
+    take this machine's cached build, and place it in `out` (default PREBUILT_DIR) under the name that
+    prebuilt_library() looks for; written atomically. Needs x86-64 Linux, a C++ compiler and torch's headers, not
+    the CPU features (the library checks those where it runs). Raises RuntimeError."""
     if sys.platform != "linux" or platform.machine().lower() not in ("x86_64", "amd64"):
         raise RuntimeError(f"the kernels are written for x86-64 Linux (this is {sys.platform} {platform.machine()})")
     why = _build_reason()
@@ -147,11 +155,11 @@ def prebuild(out: Path | None = None) -> Path:
         raise RuntimeError(f"cannot build the kernels here: {why}")
     folder = PREBUILT_DIR if out is None else Path(out)
     folder.mkdir(parents=True, exist_ok=True)
-    dest = folder / _prebuilt_name()
+    dest = folder / _prebuilt_name(sources, flags)
     fd, tmp = tempfile.mkstemp(suffix=".so.part", dir=folder)
     os.close(fd)
     try:
-        shutil.copyfile(_library(), tmp)
+        shutil.copyfile(_library(sources, flags), tmp)
         os.chmod(tmp, 0o644)  # mkstemp makes it private; a bundle's library is read by whoever runs the bundle
         os.replace(tmp, dest)
     finally:
@@ -160,20 +168,23 @@ def prebuild(out: Path | None = None) -> Path:
     return dest
 
 
-def _library() -> Path:
-    """The built library for this source, torch and compiler (built now if it is not in the cache)."""
+def _library(sources: list[Path] | None = None, flags: tuple[str, ...] = ISA_FLAGS,
+             what: str = "the w8a8 CPU kernel", seconds: str = "15-30 s") -> Path:
+    """The built library for these sources (default SOURCES), torch and compiler (built now if it is not in the
+    cache)."""
     cxx = _compiler()
     version = subprocess.run([cxx, "--version"], capture_output=True, text=True, timeout=30).stdout
     folder = cache_dir()
-    lib = folder / f"leapvox-{_library_key(version)}.so"
+    lib = folder / f"leapvox-{_library_key(version, sources, flags)}.so"
     if lib.is_file():
         return lib
     folder.mkdir(parents=True, exist_ok=True)
-    notice("building the w8a8 CPU kernel for this machine, once (15-30 s; LEAPVOX_KERNELS=0 skips it)")
+    notice(f"building {what} for this machine, once ({seconds}; LEAPVOX_KERNELS=0 skips it)")
     fd, tmp = tempfile.mkstemp(suffix=".so.part", dir=folder)
     os.close(fd)
     try:
-        r = subprocess.run(_build_command(cxx, Path(tmp)), capture_output=True, text=True, timeout=600)
+        r = subprocess.run(_build_command(cxx, Path(tmp), sources, flags), capture_output=True, text=True,
+                           timeout=600)
         if r.returncode != 0:
             last = (r.stderr.strip().splitlines() or ["(no output)"])[-1]
             raise RuntimeError(f"the build failed: {last[:160]}")
@@ -275,10 +286,10 @@ def _self_check(op: Callable) -> str | None:
     return None
 
 
-def _load_prebuilt() -> bool:
+def _load_prebuilt(sources: list[Path] | None = None, flags: tuple[str, ...] = ISA_FLAGS) -> bool:
     """Load the prebuilt library if there is one; False if there is none, or it does not load and one can be built
     here instead (the loader's error is raised where none can)."""
-    lib = prebuilt_library()
+    lib = prebuilt_library(sources, flags)
     if lib is None:
         return False
     try:
@@ -398,13 +409,111 @@ def hint() -> str | None:
             "once: w8a8 speaks faster with it")
 
 
+# ---- the portable fp32 decoder layer (fp32.cpp) -------------------------------------------------------------------
+
+_FP32: dict[str, object] = {}
+
+
+def _fp32_static_reason() -> str | None:
+    """Why the fp32 layer cannot run here without trying to build it, or None."""
+    if os.environ.get(ENV_SWITCH, "1") == "0":
+        return f"turned off ({ENV_SWITCH}=0)"
+    if sys.platform != "linux" or platform.machine().lower() not in ("x86_64", "amd64"):
+        return f"written for x86-64 Linux (this is {sys.platform} {platform.machine()})"
+    missing = FP32_CPU - cpu_flags()
+    if missing:
+        return f"this CPU lacks {', '.join(sorted(missing))}"
+    if prebuilt_library(FP32_SOURCES, FP32_FLAGS) is not None:
+        return None
+    return _build_reason()
+
+
+def _fp32_self_check(op: Callable) -> str | None:
+    """Run a small random decoder layer (head_dim 48: no vector-width multiple) through the op and through the same
+    arithmetic in float64 written here; None when they agree."""
+    g = torch.Generator().manual_seed(0)
+    T, H, nh, nkv, D, I, P = 3, 80, 4, 2, 48, 112, 8
+    x = torch.randn(T, H, generator=g)
+    w = [torch.rand(n, generator=g) + 0.5 for n in (H, D, D, H)]
+    w += [torch.randn(n, k, generator=g) / k**0.5 for n, k in ((nh * D, H), (nkv * D, H), (nkv * D, H), (H, nh * D),
+                                                                (I, H), (I, H), (H, I))]
+    kc, vc = torch.zeros(nkv, 1, P, D), torch.zeros(nkv, 1, P, D)
+    kc[:, :, :2], vc[:, :, :2] = torch.randn(2, nkv, 1, 2, D, generator=g)  # two cached slots before the rows
+    ang = torch.randn(T, D // 2, generator=g)
+    cos, sin = torch.cat([ang.cos(), ang.cos()], 1), torch.cat([ang.sin(), ang.sin()], 1)
+    y = op(x, w, kc, vc, 2, cos, sin, None, 2 + T, nh, nkv, 1e-6, 1e-6).double()
+
+    def norm(v, wt):
+        return wt.double() * v / (v.pow(2).mean(-1, keepdim=True) + 1e-6).sqrt()
+
+    def rope(v):
+        a, b = v.chunk(2, -1)
+        return v * cos.double()[:, None] + torch.cat([-b, a], -1) * sin.double()[:, None]
+
+    xd = x.double()
+    h = norm(xd, w[0])
+    q = rope(norm((h @ w[4].double().T).view(T, nh, D), w[1]))
+    k = rope(norm((h @ w[5].double().T).view(T, nkv, D), w[2]))
+    v = (h @ w[6].double().T).view(T, nkv, D)
+    keys = torch.cat([kc[:, 0, :2].double().transpose(0, 1), k]).repeat_interleave(nh // nkv, 1)  # [S, nh, D]
+    vals = torch.cat([vc[:, 0, :2].double().transpose(0, 1), v]).repeat_interleave(nh // nkv, 1)
+    s = torch.einsum("thd,shd->hts", q, keys) / D**0.5
+    s = s.masked_fill(torch.ones(T, 2 + T, dtype=torch.bool).tril(2).logical_not(), float("-inf"))
+    att = torch.einsum("hts,shd->thd", s.softmax(-1), vals).reshape(T, nh * D)
+    r = xd + att @ w[7].double().T
+    h2 = norm(r, w[3])
+    ref = r + (torch.nn.functional.silu(h2 @ w[8].double().T) * (h2 @ w[9].double().T)) @ w[10].double().T
+    err = ((y - ref).abs().max() / ref.abs().max()).item()
+    return None if err < 1e-5 else f"its self-check failed (relative error {err:.3g})"
+
+
+def fp32_layer_op() -> Callable | None:
+    """torch.ops.leapvox_fp32.qwen3_layer_f32: one fp32 decoder layer in C++ for batch-1 decode steps of narrow
+    models (engine/fast/fused.py), or None where it is unavailable (fp32_unavailable_reason says why). Built (once per
+    machine, cached like the w8a8 kernel, or taken prebuilt) and checked on the first call in a process."""
+    if "op" not in _FP32:
+        op, reason = None, _fp32_static_reason()
+        if reason is None:
+            try:
+                if not hasattr(torch.ops.leapvox_fp32, "qwen3_layer_f32"):
+                    _FP32["prebuilt"] = _load_prebuilt(FP32_SOURCES, FP32_FLAGS)
+                    if not _FP32["prebuilt"]:
+                        torch.ops.load_library(str(_library(FP32_SOURCES, FP32_FLAGS, "the fp32 layer kernel",
+                                                            "5-15 s")))
+                op = torch.ops.leapvox_fp32.qwen3_layer_f32
+                with torch.inference_mode():
+                    reason = _fp32_self_check(op)
+            except Exception as e:  # no compiler output we can use, a loader error: torch's ops then
+                reason = str(e) if isinstance(e, RuntimeError) and str(e).startswith("the build") else \
+                    f"it could not be loaded ({type(e).__name__}: {str(e)[:120]})"
+        _FP32["op"], _FP32["reason"] = (None if reason else op), reason
+    return _FP32["op"]
+
+
+def fp32_unavailable_reason() -> str | None:
+    """None when fp32_layer_op() runs here, else why not (one line)."""
+    fp32_layer_op()
+    return _FP32["reason"]
+
+
+def describe_fp32() -> str:
+    """One line for `leapvox doctor`: what a narrow fp32 model's decoder layers run on here."""
+    why = fp32_unavailable_reason()
+    if why is not None:
+        return f"torch's ops, layer by layer ({why})"
+    return f"leapvox's compiled fp32 layer ({'prebuilt' if _FP32.get('prebuilt') else 'built here'})"
+
+
 @contextlib.contextmanager
 def disabled() -> Iterator[None]:
     """Layers built inside this block use torch's kernels (for A/B benchmarks in one process)."""
-    saved = dict(_STATE)
+    saved, saved_fp32 = dict(_STATE), dict(_FP32)
     _STATE.update(op=None, reason="disabled for this block")
+    _FP32.update(op=None, reason="disabled for this block")
     try:
         yield
     finally:
         _STATE.clear()
         _STATE.update(saved)
+        _FP32.clear()
+        _FP32.update(saved_fp32)

@@ -1,5 +1,6 @@
-"""`python -m leapvox.engine.fast.kernels prebuild [--out DIR]`: build leapvox's CPU kernels now and place them where a
-later run finds them without a compiler (packaging/build.sh does this for the standalone bundle)."""
+"""`python -m leapvox.engine.fast.kernels prebuild [--out DIR]`: build leapvox's CPU kernels now (the w8a8 library and
+the fp32 layer's) and place them where a later run finds them without a compiler (packaging/build.sh does this for
+the standalone bundle); prints each library's path on a line."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from leapvox.engine.fast.kernels import PREBUILT_DIR, prebuild
+from leapvox.engine.fast.kernels import FP32_FLAGS, FP32_SOURCES, PREBUILT_DIR, prebuild
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -17,7 +18,7 @@ def main(argv: list[str] | None = None) -> int:
     pre.add_argument("--out", type=Path, default=PREBUILT_DIR, help=f"the folder (default {PREBUILT_DIR})")
     args = p.parse_args(argv)
     try:
-        lib = prebuild(args.out)
+        libs = [prebuild(args.out), prebuild(args.out, FP32_SOURCES, FP32_FLAGS)]  # w8a8 (and codec), fp32 layer
     except RuntimeError as e:
         print(f"leapvox: {e}", file=sys.stderr)
         return 1
@@ -26,7 +27,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"leapvox: cannot write the library into {args.out}: {why}; choose a writable folder with --out",
               file=sys.stderr)
         return 1
-    print(lib)
+    print("\n".join(map(str, libs)))
     return 0
 
 
