@@ -347,7 +347,9 @@ def load_checkpoint(path: str | Path, weights: str = "fp32", device: str = "cpu"
     tts.to(device).eval()
     codec.to(device).eval()
     if weights == "fp32" and cfg.talker.hidden_size < NARROW_HIDDEN and torch.device(device).type == "cpu":
-        fuse_fp32_layers(tts)  # a narrow model's layers as one compiled call each (engine.fast.fused)
+        # a narrow model's layers as one compiled call each (engine.fast.fused); a first load never waits for the
+        # compile: it goes without, and the library is built in the background for the next one
+        fuse_fp32_layers(tts, build="background")
     tokenizer = TextTokenizer(folder, frontend=text_frontend(vars(cfg)))
     plan = draft_plan(folder, tts.talker.code_predictor.cfg.hidden_size)
     defaults = defaults or model_defaults(folder, cfg)

@@ -541,6 +541,32 @@ def test_the_loader_fuses_a_narrow_fp32_model_only(fp32_op):
     assert fused_layers("bf16") == (0, 6)
 
 
+def test_a_first_load_does_not_wait_for_the_fp32_build(fp32_op, tmp_path):
+    """With nothing built, the loader's call starts the build in a detached process and goes without (a first
+    `speak` of the demo never waits for an optional compile); the next process finds the library and fuses."""
+    import time
+
+    env = dict(os.environ, LEAPVOX_HOME=str(tmp_path))  # an empty build cache
+    code = ("import time; t0 = time.perf_counter(); from leapvox.engine.fast import kernels; "
+            "from leapvox.models.catalog import ASSETS; from leapvox.models.checkpoint import load_checkpoint; "
+            "tts = load_checkpoint(ASSETS / 'demo', 'fp32').tts; "
+            "print(sum(type(x).__name__ == 'FusedDecoderLayer' for x in tts.talker.model.layers)); "
+            "print(kernels.describe_fp32())")
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    fused, described = r.stdout.splitlines()
+    assert fused == "0" and "being built in the background for the next run" in described
+    assert "building" not in r.stderr  # no notice: nothing waited
+    folder = tmp_path / "cache" / "kernels"
+    deadline = time.monotonic() + 240
+    while not list(folder.glob("*.so")) or list(folder.glob("*.building")):
+        assert time.monotonic() < deadline, "the background build did not finish"
+        time.sleep(0.5)
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines() == ["4", "leapvox's compiled fp32 layer (built here)"]
+
+
 # ---- the codec's kernels (codec.cpp) -------------------------------------------------------------------------------
 
 

@@ -145,19 +145,20 @@ def takes_fp32(layer: nn.Module) -> bool:
     return a.head_dim % 2 == 0 and a.head_dim <= 1024 and a.n_heads % a.n_kv == 0
 
 
-def fuse_fp32_layers(tts) -> int:
+def fuse_fp32_layers(tts, build: str = "now") -> int:
     """Swap every fp32 decoder layer of the talker and the code predictor that `qwen3_layer_f32` takes
     (`takes_fp32`) for a FusedDecoderLayer. The loader calls it for narrow models in fp32 (quant.NARROW_HIDDEN), whose
     decode steps are mostly the ~25 small torch ops around each layer's products; the wide models keep the module
     path (its products are the time there, and its bits are the reference's). Returns how many were swapped (0
-    where the kernel is not built here)."""
+    where the kernel is not built here; with `build="background"` a library not built yet is built in a detached
+    process for the next load: `kernels.fp32_layer_op`)."""
     talker = tts.talker
-    return sum(fuse_fp32_stack_layers(s.layers) for s in (talker.model, talker.code_predictor.model))
+    return sum(fuse_fp32_stack_layers(s.layers, build) for s in (talker.model, talker.code_predictor.model))
 
 
-def fuse_fp32_stack_layers(layers: nn.ModuleList) -> int:
+def fuse_fp32_stack_layers(layers: nn.ModuleList, build: str = "now") -> int:
     """fuse_fp32_layers over one stack's layers."""
-    op = kernels.fp32_layer_op()
+    op = kernels.fp32_layer_op(build)
     if op is None:
         return 0
     n = 0

@@ -79,6 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
+    kernels.fp32_layer_op()  # built here and now where it is not yet (the loader would only start it)
     model = load_checkpoint(args.model, "fp32")
     layers = [*model.tts.talker.model.layers, *model.tts.talker.code_predictor.model.layers]
     fused = sum(isinstance(layer, fusion.FusedDecoderLayer) for layer in layers)

@@ -34,6 +34,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -168,14 +169,20 @@ def prebuild(out: Path | None = None, sources: list[Path] | None = None, flags: 
     return dest
 
 
+def _cached_library(sources: list[Path] | None = None, flags: tuple[str, ...] = ISA_FLAGS) -> Path:
+    """Where the cache keeps (or will keep) the library for these sources, torch and this machine's compiler."""
+    cxx = _compiler()
+    version = subprocess.run([cxx, "--version"], capture_output=True, text=True, timeout=30).stdout
+    return cache_dir() / f"leapvox-{_library_key(version, sources, flags)}.so"
+
+
 def _library(sources: list[Path] | None = None, flags: tuple[str, ...] = ISA_FLAGS,
              what: str = "the w8a8 CPU kernel", seconds: str = "15-30 s") -> Path:
     """The built library for these sources (default SOURCES), torch and compiler (built now if it is not in the
     cache)."""
     cxx = _compiler()
-    version = subprocess.run([cxx, "--version"], capture_output=True, text=True, timeout=30).stdout
-    folder = cache_dir()
-    lib = folder / f"leapvox-{_library_key(version, sources, flags)}.so"
+    lib = _cached_library(sources, flags)
+    folder = lib.parent
     if lib.is_file():
         return lib
     folder.mkdir(parents=True, exist_ok=True)
@@ -467,12 +474,66 @@ def _fp32_self_check(op: Callable) -> str | None:
     return None if err < 1e-5 else f"its self-check failed (relative error {err:.3g})"
 
 
-def fp32_layer_op() -> Callable | None:
+BUILDING_STALE_S = 600  # a background build's marker older than this is taken as a build that died
+
+
+def _build_in_background() -> str:
+    """Start building the fp32 layer's library in a detached process (nice 10; the cache's atomic write makes a
+    half-built library invisible) unless one is building already; returns the reason this process goes without."""
+    lib = _cached_library(FP32_SOURCES, FP32_FLAGS)
+    marker = lib.with_suffix(".building")
+    why = "being built in the background for the next run (once, 5-15 s)"
+    try:
+        lib.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            fd = os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        except FileExistsError:
+            if time.time() - marker.stat().st_mtime < BUILDING_STALE_S:
+                return why  # another process is building it
+            marker.unlink(missing_ok=True)
+            fd = os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        os.close(fd)
+        code = ("import os, sys; os.nice(10); from leapvox.engine.fast import kernels; "
+                "sys.exit(kernels.build_fp32_now(sys.argv[1]))")
+        subprocess.Popen([sys.executable, "-c", code, str(marker)], stdin=subprocess.DEVNULL,
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    except OSError as e:  # an unwritable cache, no process to start: this run and the next use torch's ops
+        return f"it could not be built in the background ({e.strerror or e})"
+    return why
+
+
+def build_fp32_now(marker: str | None = None) -> int:
+    """Build the fp32 layer's library into the cache (the detached process `_build_in_background` starts); removes
+    `marker` when done, built or not. Returns 0 when the library is there."""
+    try:
+        _library(FP32_SOURCES, FP32_FLAGS)
+        return 0
+    except Exception:
+        return 1
+    finally:
+        if marker:
+            Path(marker).unlink(missing_ok=True)
+
+
+def fp32_layer_op(build: str = "now") -> Callable | None:
     """torch.ops.leapvox_fp32.qwen3_layer_f32: one fp32 decoder layer in C++ for batch-1 decode steps of narrow
-    models (engine/fast/fused.py), or None where it is unavailable (fp32_unavailable_reason says why). Built (once per
-    machine, cached like the w8a8 kernel, or taken prebuilt) and checked on the first call in a process."""
+    models (engine/fast/fused.py), or None where it is unavailable (fp32_unavailable_reason says why). Taken
+    prebuilt or from the build cache, and checked, on the first call in a process. Where neither has it, `build`
+    "now" builds it here and waits (tests, benchmarks), "background" starts the build in a detached process and
+    this process goes without (the loader: a first `speak` never waits for an optional compile)."""
     if "op" not in _FP32:
         op, reason = None, _fp32_static_reason()
+        if reason is None and build == "background" and not getattr(sys, "frozen", False) \
+                and not hasattr(torch.ops.leapvox_fp32, "qwen3_layer_f32") \
+                and prebuilt_library(FP32_SOURCES, FP32_FLAGS) is None:
+            try:
+                cached = _cached_library(FP32_SOURCES, FP32_FLAGS).is_file()
+            except (OSError, subprocess.SubprocessError) as e:
+                cached, reason = False, f"the compiler did not answer ({e})"
+            if not cached and reason is None:
+                if "pending" not in _FP32:
+                    _FP32["pending"] = _build_in_background()
+                return None  # not remembered: a later call with build="now" (or the next process) takes it
         if reason is None:
             try:
                 if not hasattr(torch.ops.leapvox_fp32, "qwen3_layer_f32"):
@@ -497,7 +558,10 @@ def fp32_unavailable_reason() -> str | None:
 
 
 def describe_fp32() -> str:
-    """One line for `leapvox doctor`: what a narrow fp32 model's decoder layers run on here."""
+    """One line for `leapvox doctor`: what a narrow fp32 model's decoder layers run on here (where the library is
+    not built yet, its build starts in the background, as a model's load would start it)."""
+    if fp32_layer_op("background") is None and "op" not in _FP32:
+        return f"torch's ops, layer by layer (leapvox's compiled fp32 layer is {_FP32['pending']})"
     why = fp32_unavailable_reason()
     if why is not None:
         return f"torch's ops, layer by layer ({why})"
