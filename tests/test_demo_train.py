@@ -81,13 +81,39 @@ def test_grown_predictor_starts_as_the_smaller_one():
     small_cfg, big_cfg = (TTSConfig.from_dict(demo_config(300, special, 289, "tiny", n)) for n in (2, 3))
     torch.manual_seed(0)
     small, big = TTSModel(small_cfg.talker).eval(), TTSModel(big_cfg.talker).eval()
-    assert load_grown(big, small.state_dict()) == 1
+    assert load_grown(big, small.state_dict()) == {"talker": 0, "predictor": 1}
     assert len(big.talker.code_predictor.model.layers) == 3
     x = torch.randn(2, 5, small_cfg.talker.code_predictor.hidden_size)
     with torch.no_grad():
         a = small.talker.code_predictor.model.forward_train(x)
         b = big.talker.code_predictor.model.forward_train(x)
     assert torch.allclose(a, b, atol=1e-6)
+
+
+def test_grown_talker_starts_as_the_smaller_one_and_layers_are_never_removed():
+    import pytest
+
+    from leapvox.engine.config import TTSConfig
+    from leapvox.engine.errors import InputError
+    from leapvox.engine.nets.talker import TTSModel
+    from leapvox.models.recipes.demo.train import demo_config, load_grown
+
+    special = {t: 290 + i for i, t in enumerate(["<|im_start|>", "<|im_end|>", "<tts_pad>", "<tts_text_bos>",
+                                                   "<tts_text_eod>"])}
+    small_cfg, big_cfg = (TTSConfig.from_dict(demo_config(300, special, 289, "tiny", talker_layers=n)) for n in (4, 6))
+    torch.manual_seed(0)
+    small, big = TTSModel(small_cfg.talker).eval(), TTSModel(big_cfg.talker).eval()
+    with torch.no_grad():
+        for p in small.parameters():
+            p.add_(torch.randn_like(p) * 0.05)  # no zero weights the new layers could hide behind
+    assert load_grown(big, small.state_dict()) == {"talker": 2, "predictor": 0}
+    assert len(big.talker.model.layers) == 6
+    x = torch.randn(2, 7, small_cfg.talker.hidden_size)
+    with torch.no_grad():
+        a, b = small.talker.model.forward_train(x), big.talker.model.forward_train(x)
+    assert torch.allclose(a, b, atol=1e-6)
+    with pytest.raises(InputError, match="added, not removed"):
+        load_grown(small, big.state_dict())
 
 
 def test_teacher_forced_codes_keep_code_0_and_sample_the_rest():

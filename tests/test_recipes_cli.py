@@ -33,3 +33,11 @@ def test_an_old_recipe_name_is_one_line_with_the_new_spelling(old, capsys):
     assert out == "" and err.count("\n") == 1 and "usage" not in err
     assert err.strip() == (f"leapvox: error: '{old}' is now a recipe "
                            f"(hint: leapvox recipe {RENAMED[old]} --model 'my model' --steps 3)")
+
+
+@pytest.mark.parametrize("flag", ["--talker-layers", "--predictor-layers"])
+def test_demo_train_refuses_a_depth_below_one_before_loading_anything(flag, tmp_path, capsys):
+    (tmp_path / "train.pt").write_bytes(b"")  # never read: the flag is checked first
+    assert main(["recipe", "demo", "train", "--data", str(tmp_path), "--out", str(tmp_path / "run"), flag, "0"]) == 2
+    err = capsys.readouterr().err
+    assert err.strip() == f"leapvox: {flag} must be at least 1, got 0" and not (tmp_path / "run").exists()

@@ -93,6 +93,9 @@ def add_commands(sub) -> None:
     p.add_argument("--predictor-layers", type=int,
                    help="code predictor depth (default: the size's); more than --init's run adds layers that start "
                         "as identities")
+    p.add_argument("--talker-layers", type=int,
+                   help="talker depth (default: the size's, or --init's); more than --init's run adds layers on top "
+                        "that start as identities")
     p.add_argument("--lr", type=float, default=1e-3, help="peak learning rate (default 1e-3)")
     p.add_argument("--dropout", type=float, default=0.1, help="residual-branch dropout (default 0.1)")
     p.add_argument("--cp-fraction", type=float,
@@ -118,6 +121,10 @@ def cmd_train(args) -> int:
         print(f"leapvox: no checkpoint at {args.init} (hint: point --init at another run's state.pt or a model "
               "folder)", file=sys.stderr)
         return 2
+    for flag, n in (("--predictor-layers", args.predictor_layers), ("--talker-layers", args.talker_layers)):
+        if n is not None and n < 1:
+            print(f"leapvox: {flag} must be at least 1, got {n}", file=sys.stderr)
+            return 2
     if not 0.0 <= args.sampled_residuals <= 1.0:
         print(f"leapvox: --sampled-residuals must be a share in [0, 1], got {args.sampled_residuals}", file=sys.stderr)
         return 2
@@ -125,7 +132,8 @@ def cmd_train(args) -> int:
     out = train(str(args.data), str(args.out), steps=args.steps, batch=args.batch, save_every=args.save_every,
                 size=args.size, threads=args.threads, device=args.device, lr=args.lr, dropout=args.dropout,
                 cp_fraction=cp_fraction, part=args.part, init=str(args.init) if args.init else None,
-                predictor_layers=args.predictor_layers, minutes=args.minutes, extra=not args.no_extra,
+                predictor_layers=args.predictor_layers, talker_layers=args.talker_layers, minutes=args.minutes,
+                extra=not args.no_extra,
                 sampled=args.sampled_residuals, objective=args.predictor_objective, frontend=args.frontend,
                 log=lambda m: print(m, file=sys.stderr, flush=True))
     print(out)

@@ -39,14 +39,15 @@ def _layer(h: int, heads: int) -> dict:
 
 
 def demo_config(text_vocab_size: int, special_ids: dict[str, int], assistant_id: int, size: str = "small",
-                predictor_layers: int | None = None, frontend: str = "espeak-ng-ipa") -> dict:
+                predictor_layers: int | None = None, frontend: str = "espeak-ng-ipa",
+                talker_layers: int | None = None) -> dict:
     """config.json for the demo model: code 0 in 0..1023, control ids in the suppressed range 1024..2047.
-    `predictor_layers` overrides the size's code-predictor depth; `frontend` is its text front end
+    `predictor_layers` and `talker_layers` override the size's depths; `frontend` is its text front end
     (models/frontend.py)."""
     z = SIZES[size]
     cp_layers = predictor_layers or z["cp_layers"]
     talker = dict(
-        _layer(z["hidden"], z["heads"]), num_hidden_layers=z["layers"], vocab_size=2048,
+        _layer(z["hidden"], z["heads"]), num_hidden_layers=talker_layers or z["layers"], vocab_size=2048,
         text_vocab_size=text_vocab_size, text_hidden_size=z["hidden"],
         num_code_groups=16, codec_pad_id=1100, codec_bos_id=1101, codec_eos_token_id=1102, codec_think_id=1103,
         codec_nothink_id=1104, codec_think_bos_id=1105, codec_think_eos_id=1106,
@@ -292,26 +293,35 @@ def load_examples(data_dir: Path, split: str, tokenize, max_frames: int = 200,
     return out
 
 
-def load_grown(model: TTSModel, state: dict) -> int:
-    """Load `state` into `model`, which may have more code-predictor layers than `state`; those extra layers get
-    zero output projections (attention o_proj, MLP down_proj), so each is an identity on the residual stream.
-    Returns how many layers were added."""
+GROWN_STACKS = ("talker.model.layers.", "talker.code_predictor.model.layers.")  # stacks that may gain layers
+
+
+def load_grown(model: TTSModel, state: dict) -> dict[str, int]:
+    """Load `state` into `model`, which may have more talker or code-predictor layers than `state`; those extra
+    layers (on top of the stack) get zero output projections (attention o_proj, MLP down_proj), so each is an
+    identity on the residual stream and the grown model computes exactly what the smaller one did.
+    Returns how many layers were added per stack ("talker", "predictor")."""
     try:
         missing, unexpected = model.load_state_dict(state, strict=False)
     except RuntimeError:  # shapes differ: another size
         raise InputError("checkpoint does not fit this model: its layers have other shapes",
                          hint="pass the --size it was trained with, or --init its run's export/ folder") from None
-    prefix = "talker.code_predictor.model.layers."
-    new_layers = sorted({int(k[len(prefix):].split(".")[0]) for k in missing if k.startswith(prefix)})
-    wrong = [k for k in missing if not k.startswith(prefix)] + list(unexpected)
+    if any(k.startswith(GROWN_STACKS) for k in unexpected):
+        raise InputError("the checkpoint has more layers than this model: layers can be added, not removed",
+                         hint="leave out --talker-layers / --predictor-layers, or give at least the checkpoint's")
+    wrong = [k for k in missing if not k.startswith(GROWN_STACKS)] + list(unexpected)
     if wrong:
         raise ValueError(f"checkpoint does not fit this model: {wrong[:3]} ...")
-    layers = model.talker.code_predictor.model.layers
-    with torch.no_grad():
-        for i in new_layers:
-            layers[i].self_attn.o_proj.weight.zero_()
-            layers[i].mlp.down_proj.weight.zero_()
-    return len(new_layers)
+    added = {}
+    stacks = {"talker": model.talker.model.layers, "predictor": model.talker.code_predictor.model.layers}
+    for (name, layers), prefix in zip(stacks.items(), GROWN_STACKS, strict=True):
+        new_layers = sorted({int(k[len(prefix):].split(".")[0]) for k in missing if k.startswith(prefix)})
+        with torch.no_grad():
+            for i in new_layers:
+                layers[i].self_attn.o_proj.weight.zero_()
+                layers[i].mlp.down_proj.weight.zero_()
+        added[name] = len(new_layers)
+    return added
 
 
 def lr_factor(step: int, steps: int, warmup: int = 150, floor: float = 0.1, progress: float | None = None) -> float:
@@ -369,6 +379,7 @@ def train(data_dir: str, out_dir: str, steps: int = 20000, batch: int = 16, lr: 
           dropout: float = 0.1, cp_fraction: float = 0.25, save_every: int = 500, seed: int = 0,
           threads: int | None = None, size: str = "small", device: str | None = None, log=print,
           part: str = "all", init: str | None = None, predictor_layers: int | None = None,
+          talker_layers: int | None = None,
           minutes: float | None = None, extra: bool = True, sampled: float = 0.0, objective: str = "ce",
           frontend: str | None = None) -> Path:
     """Train (or resume) the demo model on `device` (default: CUDA when present, else CPU); returns the export.
@@ -387,8 +398,8 @@ def train(data_dir: str, out_dir: str, steps: int = 20000, batch: int = 16, lr: 
     do not move. `init` starts a fresh run (step 0, new optimizer) from another run's state.pt weights, or from a
     model folder (an export, or the bundled demo model), whose config and tokenizer it then keeps; an existing
     out/state.pt still takes precedence (resume).
-    With more `predictor_layers` than the `init` run had, the extra predictor layers start as identities (their
-    output projections zero), so the grown model begins exactly where the smaller one stopped.
+    With more `predictor_layers` or `talker_layers` than the `init` run had, the extra layers start as identities
+    (their output projections zero), so the grown model begins exactly where the smaller one stopped.
 
     `sampled` is the share of training examples whose talker input carries codes 1..15 drawn by the model's own
     predictor (`loss_on`). The held-out loss is reported both ways (`l0` true codes 1..15, `l0s` sampled, as at
@@ -426,13 +437,16 @@ def train(data_dir: str, out_dir: str, steps: int = 20000, batch: int = 16, lr: 
                              hint="a model keeps the front end its tokenizer was made for; train a new one instead")
         if predictor_layers:
             cfg_dict["talker_config"]["code_predictor_config"]["num_hidden_layers"] = predictor_layers
+        if talker_layers:
+            cfg_dict["talker_config"]["num_hidden_layers"] = talker_layers
         log(f"config and tokenizer from {cfg_src} (--size ignored)")
     else:
         loaded = [torch.load(data / f"{name}.pt", weights_only=False) for name in splits]
         frontend = frontend or split_frontend(loaded[0])
         ids = write_tokenizer(tok_dir, [t for d in loaded for t in model_texts(d, frontend)])
         del loaded
-        cfg_dict = demo_config(ids["vocab_size"], ids["special"], ids["assistant"], size, predictor_layers, frontend)
+        cfg_dict = demo_config(ids["vocab_size"], ids["special"], ids["assistant"], size, predictor_layers, frontend,
+                               talker_layers)
     tokenizer = TextTokenizer(tok_dir)
     frontend = cfg_dict.get("leapvox_text_frontend", "espeak-ng-ipa")
     cfg = TTSConfig.from_dict(cfg_dict)
@@ -467,8 +481,8 @@ def train(data_dir: str, out_dir: str, steps: int = 20000, batch: int = 16, lr: 
             weights = {k: v.float() for k, v in load_file(str(init_dir / "model.safetensors"), str(device)).items()}
         else:
             weights = torch.load(init, weights_only=False, map_location=device)["model"]
-        grown = load_grown(model, weights)
-        log(f"initialised from {init}" + (f" ({grown} new predictor layers start as identities)" if grown else ""))
+        grown = ", ".join(f"{n} new {stack} layers" for stack, n in load_grown(model, weights).items() if n)
+        log(f"initialised from {init}" + (f" ({grown} start as identities)" if grown else ""))
     if state.is_file():
         s = torch.load(state, weights_only=False, map_location=device)
         model.load_state_dict(s["model"])
