@@ -63,9 +63,16 @@ def build(mods: dict, cfg_dict: dict, state: dict, weights: str):
     tts = mods["talker"].TTSModel(mods["config"].TTSConfig.from_dict(cfg_dict).talker).eval()
     tts.load_state_dict(state)
     mods["quant"].quantize_model(tts, weights)
-    fused = 0
-    if mods["fused"] is not None and hasattr(mods["fused"], "fuse_decoder_layers"):
-        fused = mods["fused"].fuse_decoder_layers(tts)
+    f = mods["fused"]
+    if f is not None and hasattr(f, "fuse_decoder_layers"):
+        f.fuse_decoder_layers(tts)
+    layers = [*tts.talker.model.layers, *tts.talker.code_predictor.model.layers]
+    if f is not None and hasattr(f, "FusedDecoderLayer"):  # issue #38's layout: layers swapped at load
+        fused = sum(isinstance(layer, f.FusedDecoderLayer) for layer in layers)
+    elif f is not None and hasattr(f, "fused_layer"):  # before it: the network asked fused.fused_layer per call
+        fused = sum(f.fused_layer(layer) is not None for layer in layers)
+    else:
+        fused = 0
     return tts.talker, fused
 
 
