@@ -150,6 +150,9 @@ def cmd_bench(args) -> int:
                 tell(f"leaving out {w}: {why}")
                 weights.remove(w)
     models, folder = {}, open_model(name, say=tell)
+    from leapvox.engine.fast.fused import prepare_fp32_layers
+
+    prepare_fp32_layers(folder.config.talker.hidden_size)  # fp32 timed as a later speak runs it
     for w in weights:
         tell(f"loading {name} ({w})")
         models[w] = load_model(folder, w, say=tell)

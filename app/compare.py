@@ -80,6 +80,9 @@ def cmd_compare(args) -> int:
     # the auto row's mode and --weights auto, by the tune profile, before the load
     choice = choose(args, folder, AUTO if AUTO in modes else "ar")
     opts = speak_options(args, folder, choice=choice)  # a bad --speaker or --language: one line before the load
+    from leapvox.engine.fast.fused import prepare_fp32_layers
+
+    prepare_fp32_layers(folder.config.talker.hidden_size)  # the rows' speeds as a later speak would see them
     model = load(args, folder, weights=choice.weights)
     if model.backend_name == "ane" and not args.modes and "windowed" in modes:
         modes = tuple(m for m in modes if m != "windowed")

@@ -116,6 +116,9 @@ def cmd_tune(args) -> int:
 
         torch.set_num_threads(args.threads)
     settings = Settings(utterances=args.utterances, lines=lines)
+    from leapvox.engine.fast.fused import prepare_fp32_layers
+
+    prepare_fp32_layers(opened.config.talker.hidden_size)  # every format timed as a later speak would run it
     return run_tune(args, opened, settings)
 
 

@@ -156,6 +156,16 @@ def fuse_fp32_layers(tts, build: str = "now") -> int:
     return sum(fuse_fp32_stack_layers(s.layers, build) for s in (talker.model, talker.code_predictor.model))
 
 
+def prepare_fp32_layers(talker_hidden: int) -> None:
+    """Build the fp32 layer's library now (or find it) for a narrow model, before a command that times or compares
+    runs (tune, bench, compare): every load then fuses alike, rather than a first load going without while the
+    library builds in the background. Nothing for a wide model (which never fuses fp32 layers)."""
+    from leapvox.engine.fast.quant import NARROW_HIDDEN
+
+    if talker_hidden < NARROW_HIDDEN:
+        kernels.fp32_layer_op()
+
+
 def fuse_fp32_stack_layers(layers: nn.ModuleList, build: str = "now") -> int:
     """fuse_fp32_layers over one stack's layers."""
     op = kernels.fp32_layer_op(build)
