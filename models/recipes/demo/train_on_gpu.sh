@@ -6,9 +6,9 @@
 # PACK: `python -m leapvox.models.recipes.demo.pack --no-codec DATA PACK` (the codec is the bundled demo model's);
 # OUT: gets one log per run and each run's best export (lowest held-out loss; model.safetensors, config and
 # tokenizer files, no speech_tokenizer/) as a tar cut into pieces of at most 15 MB: RUN.tar.00, RUN.tar.01, ...
-# (reassemble with `cat RUN.tar.* | tar -x`). RUN: name:size:batch:lr:dropout[:sampled[:objective]] (default: two
-# runs, below; sampled = --sampled-residuals, default 0; objective = --predictor-objective, ce or distortion,
-# default ce).
+# (reassemble with `cat RUN.tar.* | tar -x`). RUN: name:size:batch:lr:dropout[:sampled[:objective[:talker_layers]]]
+# (default: two runs, below; sampled = --sampled-residuals, default 0; objective = --predictor-objective, ce or
+# distortion, default ce; talker_layers = --talker-layers, e.g. 8 to grow an INIT model's 4-layer talker).
 # Needs torch with CUDA, safetensors, transformers; leapvox is imported from this checkout (no install).
 # DEVICE=cpu runs the same on the CPU (a dry run of the script); INIT=FOLDER starts every run from that model
 # folder (e.g. models/assets/demo: its config and tokenizer too, so the size field is then ignored).
@@ -47,11 +47,11 @@ with tempfile.TemporaryDirectory() as d:
 EOF
 pids=()
 for r in "${runs[@]}"; do
-  IFS=: read -r name size batch lr dropout sampled objective <<<"$r"
+  IFS=: read -r name size batch lr dropout sampled objective talker_layers <<<"$r"
   python3 -m leapvox.app.cli recipe demo train --data "$work/data" --out "$work/$name" --size "$size" --batch "$batch" \
     --lr "$lr" --dropout "$dropout" --cp-fraction 1.0 --steps 1000000 --minutes "$minutes" --save-every 400 \
     --sampled-residuals "${sampled:-0}" --predictor-objective "${objective:-ce}" --threads 4 --device "$device" ${INIT:+--init "$INIT"} \
-    ${FRONTEND:+--frontend "$FRONTEND"} >"$out/$name.log" 2>&1 &
+    ${FRONTEND:+--frontend "$FRONTEND"} ${talker_layers:+--talker-layers "$talker_layers"} >"$out/$name.log" 2>&1 &
   pids+=($!)
 done
 status=0
