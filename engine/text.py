@@ -59,25 +59,38 @@ def _cut(text: str, ends: list[int]) -> list[str]:
 
 def _fit(sentence: str, max_chars: int) -> list[str]:
     """`sentence` as pieces of at most max_chars: clauses packed greedily, then words, then hard cuts."""
+    return [piece for piece, _ in _fit_parts(sentence, max_chars)]
+
+
+def _fit_parts(sentence: str, max_chars: int) -> list[tuple[str, str]]:
+    """_fit's pieces, each with what stood before it in `sentence` (the first: ""). Packed parts are joined by
+    that: a space between words and after a Latin clause mark, nothing after a CJK clause mark or inside a
+    hard-cut run, so every piece is a stretch of the sentence itself."""
     if len(sentence) <= max_chars:
-        return [sentence]
-    clauses = _cut(sentence, [m.end() for m in _CLAUSE_END.finditer(sentence)])
+        return [(sentence, "")]
+    ends = [m.end() for m in _CLAUSE_END.finditer(sentence)]
+    bounds = [0, *ends, len(sentence)]
+    clauses = [(sentence[a:b].strip(), " " if sentence[a : a + 1].isspace() else "")
+               for a, b in zip(bounds, bounds[1:], strict=False)]
+    clauses = [(c, g) for c, g in clauses if c]
     if len(clauses) > 1:
-        return _pack([p for c in clauses for p in _fit(c, max_chars)], max_chars, " ")
+        return _pack([(p, g if j == 0 else pg)
+                      for c, g in clauses for j, (p, pg) in enumerate(_fit_parts(c, max_chars))], max_chars)
     words = sentence.split(" ")
     if len(words) > 1:
-        return _pack([p for w in words for p in _fit(w, max_chars)], max_chars, " ")
-    return [sentence[i : i + max_chars] for i in range(0, len(sentence), max_chars)]
+        return _pack([(p, " " if j == 0 else pg)
+                      for w in words for j, (p, pg) in enumerate(_fit_parts(w, max_chars))], max_chars)
+    return [(sentence[i : i + max_chars], "") for i in range(0, len(sentence), max_chars)]
 
 
-def _pack(parts: list[str], max_chars: int, sep: str) -> list[str]:
-    out: list[str] = []
-    for p in parts:
-        joiner = "" if out and (_CJK.search(out[-1][-1:]) or _CJK.search(p[:1])) else sep
-        if out and len(out[-1]) + len(joiner) + len(p) <= max_chars:
-            out[-1] += joiner + p
+def _pack(parts: list[tuple[str, str]], max_chars: int) -> list[tuple[str, str]]:
+    """Parts joined greedily, each by what stood before it, while a piece stays within max_chars."""
+    out: list[tuple[str, str]] = []
+    for p, gap in parts:
+        if out and len(out[-1][0]) + len(gap) + len(p) <= max_chars:
+            out[-1] = (out[-1][0] + gap + p, out[-1][1])
         else:
-            out.append(p)
+            out.append((p, gap))
     return out
 
 

@@ -7,6 +7,8 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from leapvox.engine.errors import InputError
 from leapvox.engine.options import MODES, SynthesisOptions
@@ -140,6 +142,21 @@ def test_empty_text_is_an_input_error():
 )
 def test_split_sentences(text, expected):
     assert split_sentences(text) == expected
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.sampled_from(["a", "bb", "hello", "wonderful", "x" * 15, "你好", "字字字", "，", "、", "。", ",",
+                                 ".", "!", "?"]), max_size=30),
+       st.lists(st.booleans(), max_size=30), st.sampled_from([8, 12, 30, 300]))
+def test_every_piece_is_a_stretch_of_the_text(words, spaced, max_chars):
+    """However a sentence is cut (sentence ends, clauses, words, hard cuts) and packed again, a piece is a stretch of
+    the text: no space dropped between a CJK and a Latin word ('你好 Hello' was packed as '你好Hello', whose
+    tokens differ), none added after a CJK clause mark."""
+    text = "".join(w + (" " if i < len(spaced) and spaced[i] else "") for i, w in enumerate(words))
+    text = " ".join(text.split())
+    pieces = split_sentences(text, max_chars)
+    assert all(len(p) <= max_chars and p in text for p in pieces), pieces
+    assert split_sentences("你好 HelloHello", 12) == ["你好", "HelloHello"]
 
 
 def test_split_long_sentence_at_clauses_then_words():
