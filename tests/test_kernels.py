@@ -27,13 +27,17 @@ def reference(x: torch.Tensor, w: torch.Tensor, s: torch.Tensor, b: torch.Tensor
     return y if b is None else y + b.double()
 
 
+def op_or_skip(f, why: str, what: str, instead: str):
+    """The compiled op, or a skip that says why it is not here and what covers the path it replaces."""
+    if f is None:
+        pytest.skip(f"the compiled {what} is not available here ({why}); {instead}")
+    return f
+
+
 @pytest.fixture
 def op():
-    f = kernels.w8a8_op()
-    if f is None:
-        pytest.skip(f"the compiled w8a8 kernel is not available here ({kernels.unavailable_reason()}); "
-                    "torch's kernels are tested by test_quant.py")
-    return f
+    return op_or_skip(kernels.w8a8_op(), kernels.unavailable_reason(), "w8a8 kernel",
+                      "torch's kernels are tested by test_quant.py")
 
 
 @pytest.fixture
@@ -350,20 +354,27 @@ def test_w4a8_linear_is_a_4_bit_layer(op):
 # ---- the fused decoder layer (engine/fast/fused.py, `qwen3_layer` in w8a8.cpp) -------------------------------------
 
 
-def w8a8_stack(head_dim: int = 64, weights: str = "w8a8"):
-    """A random 2-layer Qwen3 stack in w8a8 (or w4a8) as the loader builds it (fused q/k/v and gate/up, rotated down
-    input), before its layers are swapped for compiled ones (fused.fuse_stack_layers)."""
+def random_stack(head_dim: int, intermediate: int):
+    """A random 2-layer fp32 Qwen3 stack, 256 wide, 8 query and 2 KV heads."""
     from leapvox.engine.config import TransformerConfig
-    from leapvox.engine.fast.quant import fuse_layers, quantized_linear
     from leapvox.engine.nets.transformer import DecoderStack
 
     torch.manual_seed(0)
-    cfg = TransformerConfig(hidden_size=256, intermediate_size=768, num_hidden_layers=2, num_attention_heads=8,
+    cfg = TransformerConfig(hidden_size=256, intermediate_size=intermediate, num_hidden_layers=2, num_attention_heads=8,
                             num_key_value_heads=2, head_dim=head_dim)
     stack = DecoderStack(cfg).eval()
     with torch.no_grad():
         for p in stack.parameters():
             p.add_(torch.randn_like(p) * 0.05)  # norms away from 1, so a mixed-up weight would show
+    return stack
+
+
+def w8a8_stack(head_dim: int = 64, weights: str = "w8a8"):
+    """A random 2-layer Qwen3 stack in w8a8 (or w4a8) as the loader builds it (fused q/k/v and gate/up, rotated down
+    input), before its layers are swapped for compiled ones (fused.fuse_stack_layers)."""
+    from leapvox.engine.fast.quant import fuse_layers, quantized_linear
+
+    stack = random_stack(head_dim, 768)
     for layer in stack.layers:
         for parent in (layer.self_attn, layer.mlp):
             for name, child in list(parent.named_children()):
@@ -452,26 +463,13 @@ def test_fused_layer_only_for_shapes_it_takes(op):
 
 @pytest.fixture
 def fp32_op():
-    f = kernels.fp32_layer_op()
-    if f is None:
-        pytest.skip(f"the compiled fp32 layer is not available here ({kernels.fp32_unavailable_reason()}); "
-                    "the module path it replaces is tested everywhere else")
-    return f
+    return op_or_skip(kernels.fp32_layer_op(), kernels.fp32_unavailable_reason(), "fp32 layer",
+                      "the module path it replaces is tested everywhere else")
 
 
 def fp32_stack(head_dim: int = 48):
     """A random 2-layer fp32 Qwen3 stack of the demo's kind (head_dim 48: no vector-width multiple)."""
-    from leapvox.engine.config import TransformerConfig
-    from leapvox.engine.nets.transformer import DecoderStack
-
-    torch.manual_seed(0)
-    cfg = TransformerConfig(hidden_size=256, intermediate_size=720, num_hidden_layers=2, num_attention_heads=8,
-                            num_key_value_heads=2, head_dim=head_dim)
-    stack = DecoderStack(cfg).eval()
-    with torch.no_grad():
-        for p in stack.parameters():
-            p.add_(torch.randn_like(p) * 0.05)  # norms away from 1, so a mixed-up weight would show
-    return stack
+    return random_stack(head_dim, 720)
 
 
 def test_fp32_layer_equals_the_module_path(fp32_op):

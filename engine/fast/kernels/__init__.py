@@ -316,18 +316,27 @@ def w8a8_op() -> Callable | None:
     if "op" not in _STATE:
         op, reason = None, _static_reason()
         if reason is None:
-            try:
-                if not hasattr(torch.ops.leapvox_kernels, "w8a8_linear"):
-                    _STATE["prebuilt"] = _load_prebuilt()
-                    if not _STATE["prebuilt"]:
-                        torch.ops.load_library(str(_library()))
-                op = torch.ops.leapvox_kernels.w8a8_linear
-                reason = _self_check(op)
-            except Exception as e:  # no compiler output we can use, a loader error: torch's kernels then
-                reason = str(e) if isinstance(e, RuntimeError) and str(e).startswith("the build") else \
-                    f"it could not be loaded ({type(e).__name__}: {str(e)[:120]})"
+            op, reason = _load_checked(_STATE, "leapvox_kernels", "w8a8_linear", _self_check, SOURCES, ISA_FLAGS)
         _STATE["op"], _STATE["reason"] = (None if reason else op), reason
     return _STATE["op"]
+
+
+def _load_checked(state: dict, namespace: str, name: str, check: Callable, sources: list[Path],
+                  flags: tuple[str, ...], what: str = "the w8a8 CPU kernel",
+                  seconds: str = "15-30 s") -> tuple[Callable | None, str | None]:
+    """torch.ops.<namespace>.<name> from the prebuilt library, the build cache or a build now, and `check`'s verdict
+    on it: (op, None), or (None or op, why it is not to be used). Records in `state` whether it was prebuilt."""
+    try:
+        if not hasattr(getattr(torch.ops, namespace), name):
+            state["prebuilt"] = _load_prebuilt(sources, flags)
+            if not state["prebuilt"]:
+                torch.ops.load_library(str(_library(sources, flags, what, seconds)))
+        op = getattr(getattr(torch.ops, namespace), name)
+        with torch.inference_mode():
+            return op, check(op)
+    except Exception as e:  # no compiler output we can use, a loader error: torch's kernels then
+        return None, str(e) if isinstance(e, RuntimeError) and str(e).startswith("the build") else \
+            f"it could not be loaded ({type(e).__name__}: {str(e)[:120]})"
 
 
 def _op(name: str) -> Callable | None:
@@ -535,18 +544,8 @@ def fp32_layer_op(build: str = "now") -> Callable | None:
                     _FP32["pending"] = _build_in_background()
                 return None  # not remembered: a later call with build="now" (or the next process) takes it
         if reason is None:
-            try:
-                if not hasattr(torch.ops.leapvox_fp32, "qwen3_layer_f32"):
-                    _FP32["prebuilt"] = _load_prebuilt(FP32_SOURCES, FP32_FLAGS)
-                    if not _FP32["prebuilt"]:
-                        torch.ops.load_library(str(_library(FP32_SOURCES, FP32_FLAGS, "the fp32 layer kernel",
-                                                            "5-15 s")))
-                op = torch.ops.leapvox_fp32.qwen3_layer_f32
-                with torch.inference_mode():
-                    reason = _fp32_self_check(op)
-            except Exception as e:  # no compiler output we can use, a loader error: torch's ops then
-                reason = str(e) if isinstance(e, RuntimeError) and str(e).startswith("the build") else \
-                    f"it could not be loaded ({type(e).__name__}: {str(e)[:120]})"
+            op, reason = _load_checked(_FP32, "leapvox_fp32", "qwen3_layer_f32", _fp32_self_check, FP32_SOURCES,
+                                       FP32_FLAGS, "the fp32 layer kernel", "5-15 s")
         _FP32["op"], _FP32["reason"] = (None if reason else op), reason
     return _FP32["op"]
 
