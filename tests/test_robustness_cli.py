@@ -333,9 +333,9 @@ def test_a_signal_inside_a_finalizer_is_not_lost(tmp_path, capsys, monkeypatch, 
     hook = sys.unraisablehook
     status, out, err = run(capsys, "speak", "Hello world. Second sentence. Third one.", "-o", tmp_path / "x.wav",
                            "--model", MODEL, *FAST)
-    # the stop is sent again 10 ms after the finalizer: a fast model (the tiny one runs its layers compiled) may yield
-    # one more chunk meanwhile; a lost stop would run all three sentences (a chunk, and a finalizer, each at least)
-    assert 1 <= len(finalized) <= 2
+    # the signal landed in a finalizer, and the stop still came (a lost one lets the command finish: status 0, a WAV);
+    # how many chunks pass before the re-send lands 10 ms later depends on the model's speed and the machine's load
+    assert finalized
     assert status == code and out == ""
     assert one_line(err) == f"leapvox: {word}"  # no "Exception ignored in" report either
     assert list(tmp_path.iterdir()) == []
