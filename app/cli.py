@@ -95,7 +95,8 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_USAGE
     previous = _on_sigterm()
     previous_hook, sys.unraisablehook = sys.unraisablehook, _redeliver_dropped_stops(sys.unraisablehook)
-    _RESEND.active = True
+    with _RESEND.lock:
+        _RESEND.active, _RESEND.run = True, _RESEND.run + 1
     try:
         return args.func(args)
     except UsageError as e:
@@ -154,15 +155,17 @@ def _on_sigterm():
 
 
 class _RESEND:
-    """Stops sent again by `_redeliver_dropped_stops`, only while main() runs."""
+    """Stops sent again by `_redeliver_dropped_stops`, only while the main() call that dropped them runs (`run`
+    counts the calls: a timer left from an earlier call in the same process, as in tests, sends nothing)."""
 
     lock = threading.Lock()
     active = False
+    run = 0
 
 
-def _send_again(signum: int) -> None:
+def _send_again(signum: int, run: int) -> None:
     with _RESEND.lock:
-        if _RESEND.active:
+        if _RESEND.active and _RESEND.run == run:
             os.kill(os.getpid(), signum)
 
 
@@ -181,7 +184,7 @@ def _redeliver_dropped_stops(previous):
         # from another thread, a moment later: a process that signals itself runs the handler at once, here, inside
         # the finalizer still; sent from elsewhere it is handled at the main thread's next check, past the finalizer
         signum = signal.SIGTERM if isinstance(stop, Terminated) else signal.SIGINT
-        timer = threading.Timer(0.01, _send_again, args=(signum,))
+        timer = threading.Timer(0.01, _send_again, args=(signum, _RESEND.run))
         timer.daemon = True
         timer.start()
 
