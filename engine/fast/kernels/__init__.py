@@ -45,7 +45,7 @@ SOURCES = [Path(__file__).with_name(name) for name in ("w8a8.cpp", "codec.cpp")]
 # the portable fp32 layer (fp32.cpp; fp32_layer_op): plain C++ for the compiler's vectoriser, x86-64-v3 (AVX2, FMA)
 FP32_SOURCES = [Path(__file__).with_name("fp32.cpp")]
 FP32_FLAGS = ("-mavx2", "-mfma")
-FP32_CPU = {"avx2", "fma"}
+FP32_CPU = frozenset({"avx2", "fma"})
 COLS, K_GROUP = 64, 4  # the packed layout: blocks of 64 weight rows (output columns), 4 input features at a time
 ISA_FLAGS = ("-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni")
 ENV_SWITCH = "LEAPVOX_KERNELS"  # "0": never build or load (torch's kernels only)
@@ -86,16 +86,17 @@ def _compiler() -> str | None:
     return os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++") or shutil.which("clang++")
 
 
-def _static_reason() -> str | None:
-    """Why the kernel cannot run here without trying to build it, or None."""
+def _static_reason(needs: frozenset[str] = frozenset({"avx512f", "avx512bw", "avx512vl", "avx512_vnni"}),
+                   sources: list[Path] | None = None, flags: tuple[str, ...] = ISA_FLAGS) -> str | None:
+    """Why the library of `sources` (default: the w8a8 one) cannot run here without trying to build it, or None."""
     if os.environ.get(ENV_SWITCH, "1") == "0":
         return f"turned off ({ENV_SWITCH}=0)"
     if sys.platform != "linux" or platform.machine().lower() not in ("x86_64", "amd64"):
         return f"written for x86-64 Linux (this is {sys.platform} {platform.machine()})"
-    missing = {"avx512f", "avx512bw", "avx512vl", "avx512_vnni"} - cpu_flags()
+    missing = needs - cpu_flags()
     if missing:
         return f"this CPU lacks {', '.join(sorted(missing))}"
-    if prebuilt_library() is not None:
+    if prebuilt_library(sources, flags) is not None:
         return None
     return _build_reason()
 
@@ -430,56 +431,32 @@ def hint() -> str | None:
 _FP32: dict[str, object] = {}
 
 
-def _fp32_static_reason() -> str | None:
-    """Why the fp32 layer cannot run here without trying to build it, or None."""
-    if os.environ.get(ENV_SWITCH, "1") == "0":
-        return f"turned off ({ENV_SWITCH}=0)"
-    if sys.platform != "linux" or platform.machine().lower() not in ("x86_64", "amd64"):
-        return f"written for x86-64 Linux (this is {sys.platform} {platform.machine()})"
-    missing = FP32_CPU - cpu_flags()
-    if missing:
-        return f"this CPU lacks {', '.join(sorted(missing))}"
-    if prebuilt_library(FP32_SOURCES, FP32_FLAGS) is not None:
-        return None
-    return _build_reason()
-
-
 def _fp32_self_check(op: Callable) -> str | None:
-    """Run a small random decoder layer (head_dim 48: no vector-width multiple) through the op and through the same
-    arithmetic in float64 written here; None when they agree."""
+    """A small random layer (head_dim 48: no vector-width multiple) through the op, two prefix rows then three
+    more over the cached ones, against the Python decoder layer (`transformer.DecoderLayer`) in float64 over all
+    five rows at once; None when they agree."""
+    from leapvox.engine.config import TransformerConfig
+    from leapvox.engine.nets.layers import rope_cos_sin, rope_inv_freq
+    from leapvox.engine.nets.transformer import DecoderLayer
+
     g = torch.Generator().manual_seed(0)
-    T, H, nh, nkv, D, I, P = 3, 80, 4, 2, 48, 112, 8
-    x = torch.randn(T, H, generator=g)
-    w = [torch.rand(n, generator=g) + 0.5 for n in (H, D, D, H)]
-    w += [torch.randn(n, k, generator=g) / k**0.5 for n, k in ((nh * D, H), (nkv * D, H), (nkv * D, H), (H, nh * D),
-                                                                (I, H), (I, H), (H, I))]
-    kc, vc = torch.zeros(nkv, 1, P, D), torch.zeros(nkv, 1, P, D)
-    kc[:, :, :2], vc[:, :, :2] = torch.randn(2, nkv, 1, 2, D, generator=g)  # two cached slots before the rows
-    ang = torch.randn(T, D // 2, generator=g)
-    cos, sin = torch.cat([ang.cos(), ang.cos()], 1), torch.cat([ang.sin(), ang.sin()], 1)
-    y = op(x, w, kc, vc, 2, cos, sin, None, 2 + T, nh, nkv, 1e-6, 1e-6).double()
-
-    def norm(v, wt):
-        return wt.double() * v / (v.pow(2).mean(-1, keepdim=True) + 1e-6).sqrt()
-
-    def rope(v):
-        a, b = v.chunk(2, -1)
-        return v * cos.double()[:, None] + torch.cat([-b, a], -1) * sin.double()[:, None]
-
-    xd = x.double()
-    h = norm(xd, w[0])
-    q = rope(norm((h @ w[4].double().T).view(T, nh, D), w[1]))
-    k = rope(norm((h @ w[5].double().T).view(T, nkv, D), w[2]))
-    v = (h @ w[6].double().T).view(T, nkv, D)
-    keys = torch.cat([kc[:, 0, :2].double().transpose(0, 1), k]).repeat_interleave(nh // nkv, 1)  # [S, nh, D]
-    vals = torch.cat([vc[:, 0, :2].double().transpose(0, 1), v]).repeat_interleave(nh // nkv, 1)
-    s = torch.einsum("thd,shd->hts", q, keys) / D**0.5
-    s = s.masked_fill(torch.ones(T, 2 + T, dtype=torch.bool).tril(2).logical_not(), float("-inf"))
-    att = torch.einsum("hts,shd->thd", s.softmax(-1), vals).reshape(T, nh * D)
-    r = xd + att @ w[7].double().T
-    h2 = norm(r, w[3])
-    ref = r + (torch.nn.functional.silu(h2 @ w[8].double().T) * (h2 @ w[9].double().T)) @ w[10].double().T
-    err = ((y - ref).abs().max() / ref.abs().max()).item()
+    cfg = TransformerConfig(hidden_size=80, intermediate_size=112, num_hidden_layers=1, num_attention_heads=4,
+                            num_key_value_heads=2, head_dim=48)
+    layer = DecoderLayer(cfg)
+    with torch.no_grad():
+        for p in layer.parameters():
+            p.copy_(torch.randn(p.shape, generator=g) / p.shape[-1] ** 0.5 + (1 if p.dim() == 1 else 0))
+    x = torch.randn(5, 80, generator=g)
+    cos, sin = rope_cos_sin(rope_inv_freq(48, cfg.rope_theta), torch.arange(5), torch.float32)
+    kc, vc = torch.zeros(2, 1, 8, 48), torch.zeros(2, 1, 8, 48)
+    a, mlp = layer.self_attn, layer.mlp
+    w = [layer.input_layernorm.weight, a.q_norm.weight, a.k_norm.weight, layer.post_attention_layernorm.weight,
+         *(m.weight for m in (a.q_proj, a.k_proj, a.v_proj, a.o_proj, mlp.gate_proj, mlp.up_proj, mlp.down_proj))]
+    w = [t.detach() for t in w]  # fused.FusedLayerF32's order
+    y = torch.cat([op(x[:2], w, kc, vc, 0, cos[:2], sin[:2], None, 2, 4, 2, cfg.rms_norm_eps, cfg.rms_norm_eps),
+                   op(x[2:], w, kc, vc, 2, cos[2:], sin[2:], None, 5, 4, 2, cfg.rms_norm_eps, cfg.rms_norm_eps)])
+    ref = layer.double()(x.double()[None], cos.double(), sin.double())[0]
+    err = ((y.double() - ref).abs().max() / ref.abs().max()).item()
     return None if err < 1e-5 else f"its self-check failed (relative error {err:.3g})"
 
 
@@ -531,7 +508,7 @@ def fp32_layer_op(build: str = "now") -> Callable | None:
     "now" builds it here and waits (tests, benchmarks), "background" starts the build in a detached process and
     this process goes without (the loader: a first `speak` never waits for an optional compile)."""
     if "op" not in _FP32:
-        op, reason = None, _fp32_static_reason()
+        op, reason = None, _static_reason(FP32_CPU, FP32_SOURCES, FP32_FLAGS)
         if reason is None and build == "background" and not getattr(sys, "frozen", False) \
                 and not hasattr(torch.ops.leapvox_fp32, "qwen3_layer_f32") \
                 and prebuilt_library(FP32_SOURCES, FP32_FLAGS) is None:
