@@ -96,9 +96,11 @@ def main(argv: list[str] | None = None) -> int:
     previous = _on_sigterm()
     previous_hook, sys.unraisablehook = sys.unraisablehook, _redeliver_dropped_stops(sys.unraisablehook)
     with _RESEND.lock:
-        _RESEND.active, _RESEND.run = True, _RESEND.run + 1
+        _RESEND.active, _RESEND.run, _RESEND.pending = True, _RESEND.run + 1, None
     try:
-        return args.func(args)
+        status = args.func(args)
+        _stop_still_due()
+        return status
     except UsageError as e:
         say(error_line(e))
         return EXIT_USAGE
@@ -129,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_FAILED
     finally:
         with _RESEND.lock:  # no stop is sent again once main() is done (a sent one is handled below)
-            _RESEND.active = False
+            _RESEND.active, _RESEND.pending = False, None
         sys.unraisablehook = previous_hook
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
@@ -156,17 +158,32 @@ def _on_sigterm():
 
 class _RESEND:
     """Stops sent again by `_redeliver_dropped_stops`, only while the main() call that dropped them runs (`run`
-    counts the calls: a timer left from an earlier call in the same process, as in tests, sends nothing)."""
+    counts the calls: a timer left from an earlier call in the same process, as in tests, sends nothing);
+    `pending` is the signal a timer has yet to send."""
 
-    lock = threading.Lock()
+    lock = threading.RLock()  # re-entrant: the hook runs inside whatever the main thread was doing
+    delay = 0.01  # seconds before a dropped stop is sent again
     active = False
     run = 0
+    pending: int | None = None
 
 
 def _send_again(signum: int, run: int) -> None:
     with _RESEND.lock:
-        if _RESEND.active and _RESEND.run == run:
+        if _RESEND.active and _RESEND.run == run and _RESEND.pending is not None:
+            _RESEND.pending = None
             os.kill(os.getpid(), signum)
+
+
+def _stop_still_due() -> None:
+    """The command finished before a dropped stop was sent again (it was dropped in its last moments): the stop
+    happens now, as if it had landed at the end, instead of the command reporting success."""
+    with _RESEND.lock:
+        signum, _RESEND.pending, _RESEND.active = _RESEND.pending, None, False
+    if signum == signal.SIGTERM:
+        raise Terminated()
+    if signum == signal.SIGINT:
+        raise KeyboardInterrupt()
 
 
 def _redeliver_dropped_stops(previous):
@@ -184,7 +201,9 @@ def _redeliver_dropped_stops(previous):
         # from another thread, a moment later: a process that signals itself runs the handler at once, here, inside
         # the finalizer still; sent from elsewhere it is handled at the main thread's next check, past the finalizer
         signum = signal.SIGTERM if isinstance(stop, Terminated) else signal.SIGINT
-        timer = threading.Timer(0.01, _send_again, args=(signum, _RESEND.run))
+        with _RESEND.lock:
+            _RESEND.pending = signum
+        timer = threading.Timer(_RESEND.delay, _send_again, args=(signum, _RESEND.run))
         timer.daemon = True
         timer.start()
 

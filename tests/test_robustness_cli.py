@@ -343,6 +343,41 @@ def test_a_signal_inside_a_finalizer_is_not_lost(tmp_path, capsys, monkeypatch, 
     assert sys.unraisablehook is hook  # main() puts the hook back
 
 
+@pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
+@pytest.mark.parametrize("signum, code, word",
+                         [(signal.SIGTERM, 143, "terminated"), (signal.SIGINT, 130, "interrupted")])
+def test_a_signal_dropped_in_a_finalizer_at_the_end_still_stops(tmp_path, capsys, monkeypatch, signum, code, word):
+    """The stop is dropped in a finalizer after the last chunk, and the command finishes before the stop is sent
+    again (here: the re-send waits 5 s, far longer than writing the WAV): the command still reports the stop, not
+    success."""
+    from leapvox.app import cli
+    from leapvox.engine.synthesis import Synthesizer
+
+    stream = Synthesizer.stream
+    finalized = []
+
+    class SignalsWhenCollected:
+        def __del__(self):
+            finalized.append(True)
+            os.kill(os.getpid(), signum)
+            time.sleep(0.5)  # the handler runs here, inside __del__
+
+    def signalled_at_the_end(self, *a, **k):
+        yield from stream(self, *a, **k)
+        SignalsWhenCollected()
+
+    monkeypatch.setattr(Synthesizer, "stream", signalled_at_the_end)
+    monkeypatch.setattr(cli._RESEND, "delay", 5.0)
+    started = time.monotonic()
+    status, out, err = run(capsys, "speak", "Hello world.", "-o", tmp_path / "x.wav", "--model", MODEL, *FAST)
+    assert finalized and time.monotonic() - started < 5.0  # finished before the re-send was due
+    assert status == code and out == ""
+    assert err.splitlines()[-1] == f"leapvox: {word}"  # after the "wrote" line: the WAV was done when it landed
+    assert "Exception ignored" not in err
+    time.sleep(0.1)
+    assert cli._RESEND.pending is None and not cli._RESEND.active  # nothing left to send into a later call
+
+
 def test_a_sigterm_lost_in_c_code_is_still_a_clean_stop(tmp_path, capsys, monkeypatch):
     """SIGTERM lands inside C code that drops the handler's exception and raises its own (seen: safetensors'
     get_tensor under torch says "could not determine the shape of object type 'torch.storage.UntypedStorage'",
