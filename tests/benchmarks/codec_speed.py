@@ -43,17 +43,17 @@ ROOT = Path(__file__).resolve().parents[2]
 REFERENCE = ROOT / "tests" / "fixtures" / "reference"
 
 
-def codec_at(revision: str):
-    """engine/nets/codec.py as of a git revision, imported as its own module."""
-    src = subprocess.run(["git", "show", f"{revision}:engine/nets/codec.py"], cwd=ROOT, capture_output=True, text=True,
+def codec_at(revision: str, source: str = "engine/nets/codec.py", name: str = "codec_base"):
+    """`source` (a module of engine/) as of a git revision, imported as its own module `name`."""
+    src = subprocess.run(["git", "show", f"{revision}:{source}"], cwd=ROOT, capture_output=True, text=True,
                          check=True).stdout
     src = re.sub(r"^from \.(\w)", r"from leapvox.engine.\1", src, flags=re.M)  # relative imports, made absolute:
     src = re.sub(r"^from \. import", "from leapvox.engine import", src, flags=re.M)  # it loads outside the package
-    path = Path(tempfile.mkdtemp()) / "codec_base.py"
+    path = Path(tempfile.mkdtemp()) / f"{name}.py"
     path.write_text(src)
-    spec = importlib.util.spec_from_file_location("codec_base", path)
+    spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
-    sys.modules["codec_base"] = module  # dataclasses look their module up
+    sys.modules[name] = module  # dataclasses look their module up
     spec.loader.exec_module(module)
     return module
 
