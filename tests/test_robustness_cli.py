@@ -306,32 +306,44 @@ def test_a_signal_during_an_import_is_a_clean_stop_not_an_internal_error(tmp_pat
     assert list(tmp_path.iterdir()) == []
 
 
-@pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
-@pytest.mark.parametrize("signum, code, word",
-                         [(signal.SIGTERM, 143, "terminated"), (signal.SIGINT, 130, "interrupted")])
-def test_a_signal_inside_a_finalizer_is_not_lost(tmp_path, capsys, monkeypatch, signum, code, word):
-    """The signal lands while an object's __del__ runs, where Python drops whatever is raised ("Exception ignored
-    in ..."): the stop is sent again and happens where synthesis is, not swallowed (for SIGTERM, with every later
-    one too, since the handler raises once)."""
+STOPS = pytest.mark.parametrize("signum, code, word",
+                                [(signal.SIGTERM, 143, "terminated"), (signal.SIGINT, 130, "interrupted")])
+
+
+def signal_in_a_finalizer(monkeypatch, signum: int, after_every_chunk: bool) -> list:
+    """Synthesizer.stream patched so that `signum` reaches this process while an object's __del__ runs, where Python
+    drops whatever is raised ("Exception ignored in ..."): after every chunk (synthesis then goes on 50 ms: the tiny
+    model's compiled layers could finish within the 10 ms before the stop is sent again; a real model's chunks take
+    longer), or once after the last chunk. Returns the list each finalizer appends to."""
     from leapvox.engine.synthesis import Synthesizer
 
-    stream = Synthesizer.stream
-    finalized = []
+    stream, finalized = Synthesizer.stream, []
 
     class SignalsWhenCollected:
         def __del__(self):
             finalized.append(True)
             os.kill(os.getpid(), signum)
-            time.sleep(1)  # the handler runs here, inside __del__
+            time.sleep(0.5)  # the handler runs here, inside __del__
 
-    def signalled_in_a_finalizer(self, *a, **k):
+    def signalled(self, *a, **k):
         for chunk in stream(self, *a, **k):
             yield chunk
-            SignalsWhenCollected()  # collected at once
-            time.sleep(0.05)  # synthesis goes on a while (the tiny model's compiled layers could finish it within the
-            # 10 ms before the stop is sent again; a real model's chunks take longer)
+            if after_every_chunk:
+                SignalsWhenCollected()  # collected at once
+                time.sleep(0.05)
+        if not after_every_chunk:
+            SignalsWhenCollected()
 
-    monkeypatch.setattr(Synthesizer, "stream", signalled_in_a_finalizer)
+    monkeypatch.setattr(Synthesizer, "stream", signalled)
+    return finalized
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
+@STOPS
+def test_a_signal_inside_a_finalizer_is_not_lost(tmp_path, capsys, monkeypatch, signum, code, word):
+    """The signal lands inside a finalizer: the stop is sent again and happens where synthesis is, not swallowed
+    (for SIGTERM, with every later one too, since the handler raises once)."""
+    finalized = signal_in_a_finalizer(monkeypatch, signum, after_every_chunk=True)
     hook = sys.unraisablehook
     status, out, err = run(capsys, "speak", "Hello world. Second sentence. Third one.", "-o", tmp_path / "x.wav",
                            "--model", MODEL, *FAST)
@@ -344,29 +356,14 @@ def test_a_signal_inside_a_finalizer_is_not_lost(tmp_path, capsys, monkeypatch, 
 
 
 @pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
-@pytest.mark.parametrize("signum, code, word",
-                         [(signal.SIGTERM, 143, "terminated"), (signal.SIGINT, 130, "interrupted")])
+@STOPS
 def test_a_signal_dropped_in_a_finalizer_at_the_end_still_stops(tmp_path, capsys, monkeypatch, signum, code, word):
     """The stop is dropped in a finalizer after the last chunk, and the command finishes before the stop is sent
     again (here: the re-send waits 5 s, far longer than writing the WAV): the command still reports the stop, not
     success."""
     from leapvox.app import cli
-    from leapvox.engine.synthesis import Synthesizer
 
-    stream = Synthesizer.stream
-    finalized = []
-
-    class SignalsWhenCollected:
-        def __del__(self):
-            finalized.append(True)
-            os.kill(os.getpid(), signum)
-            time.sleep(0.5)  # the handler runs here, inside __del__
-
-    def signalled_at_the_end(self, *a, **k):
-        yield from stream(self, *a, **k)
-        SignalsWhenCollected()
-
-    monkeypatch.setattr(Synthesizer, "stream", signalled_at_the_end)
+    finalized = signal_in_a_finalizer(monkeypatch, signum, after_every_chunk=False)
     monkeypatch.setattr(cli._RESEND, "delay", 5.0)
     started = time.monotonic()
     status, out, err = run(capsys, "speak", "Hello world.", "-o", tmp_path / "x.wav", "--model", MODEL, *FAST)
