@@ -6,6 +6,8 @@ import math
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from leapvox.engine.nets.demo_codec import DemoCodec, DemoCodecConfig
 from leapvox.models.recipes.demo.codec_fit import fit_codec, is_demo_codec, load_codec, save_codec
@@ -116,3 +118,25 @@ def test_config_from_dict():
         DemoCodecConfig.from_dict({"model_type": "qwen3_tts_tokenizer_12hz"})
     with pytest.raises(ValueError):
         DemoCodec(TINY)(torch.zeros(1, 8, 3, dtype=torch.long))
+
+
+@settings(max_examples=60, deadline=None)
+@given(frames=st.integers(1, 40), batch=st.integers(1, 3), extra=st.integers(-240, 300), seed=st.integers(0, 2**16),
+       hop=st.sampled_from([240, 256, 200, 512]))
+def test_the_inverse_stft_is_torchs(frames, batch, extra, seed, hop):
+    """DemoCodec.istft (block overlap-add, cached envelope) equals torch.istft(center=True) for any frame count,
+    batch and requested length (shorter than the frames cover, or longer: zero-padded as torch pads), and for hop
+    sizes that do and do not divide n_fft."""
+    codec = DemoCodec(DemoCodecConfig(hop_length=hop))
+    g = torch.Generator().manual_seed(seed)
+    spec = torch.complex(torch.randn(batch, 513, frames, generator=g), torch.randn(batch, 513, frames, generator=g))
+    length = max(1, hop * frames + extra)
+    want = torch.istft(spec, 1024, hop, window=codec.window, center=True, length=length)
+    got = codec.istft(spec, length)
+    assert got.shape == want.shape == (batch, length)
+    assert torch.allclose(got, want, rtol=1e-4, atol=1e-5 * want.abs().max().item()), (got - want).abs().max()
+
+
+def test_a_hop_without_overlap_is_refused():
+    with pytest.raises(ValueError, match="hop_length"):
+        DemoCodecConfig(hop_length=600)

@@ -154,7 +154,7 @@ class DemoCodec(nn.Module):
         for j in range(K):
             wav[:, j : j + frames] += parts[:, :, j]
         start = n_fft // 2
-        end = min(start + length, (frames + K - 1) * hop)
+        end = min(start + length, n_fft + (frames - 1) * hop)  # past the last frame: zeros, as torch.istft pads
         out = wav.view(B, -1)[:, start:end] / self._envelope(frames)[start:end]
         return F.pad(out, (0, length - out.shape[-1])) if out.shape[-1] < length else out
 
