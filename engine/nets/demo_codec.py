@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import math
 import warnings
-from collections.abc import Callable
 from dataclasses import dataclass, fields
 
 import torch
@@ -147,31 +146,32 @@ class DemoCodec(nn.Module):
         envelope is kept per frame count instead of being rebuilt and checked on every call."""
         c = self.config
         n_fft, hop, (B, _, frames) = c.n_fft, c.hop_length, spec.shape
-        K = -(-n_fft // hop)
         parts = torch.fft.irfft(spec.transpose(1, 2), n=n_fft, dim=-1) * self.window  # [B, F, n_fft]
-        parts = F.pad(parts, (0, K * hop - n_fft)).view(B, frames, K, hop)
-        wav = parts.new_zeros(B, frames + K - 1, hop)
-        for j in range(K):
-            wav[:, j : j + frames] += parts[:, :, j]
         start = n_fft // 2
         end = min(start + length, n_fft + (frames - 1) * hop)  # past the last frame: zeros, as torch.istft pads
-        out = wav.view(B, -1)[:, start:end] / self._envelope(frames)[start:end]
+        out = self._overlap_add(parts).view(B, -1)[:, start:end] / self._envelope(frames)[start:end]
         return F.pad(out, (0, length - out.shape[-1])) if out.shape[-1] < length else out
 
+    def _overlap_add(self, parts: torch.Tensor) -> torch.Tensor:
+        """[B, F, n_fft] frames, hop apart -> [B, F + K - 1, hop] summed blocks: frame f's n_fft samples are K blocks
+        of hop (K = ceil(n_fft / hop), the last zero-padded), block j of frame f landing in output block f + j."""
+        hop, (B, frames, n_fft) = self.config.hop_length, parts.shape
+        K = -(-n_fft // hop)
+        blocks = F.pad(parts, (0, K * hop - n_fft)).view(B, frames, K, hop)
+        out = parts.new_zeros(B, frames + K - 1, hop)
+        for j in range(K):
+            out[:, j : j + frames] += blocks[:, :, j]
+        return out
+
     def _envelope(self, frames: int) -> torch.Tensor:
-        """The overlap-added squared window of `frames` frames, [(frames + K - 1) * hop], cached per frame count."""
-        c, w = self.config, self.window
+        """The overlap-added squared window of `frames` frames, flat, cached per frame count."""
+        w = self.window
         key = (frames, w.device, w.dtype)
         cache = self.__dict__.setdefault("_envelopes", {})
         if key not in cache:
-            K = -(-c.n_fft // c.hop_length)
-            blocks = F.pad(w * w, (0, K * c.hop_length - c.n_fft)).view(K, c.hop_length)
-            env = w.new_zeros(frames + K - 1, c.hop_length)
-            for j in range(K):
-                env[j : j + frames] += blocks[j]
             if len(cache) >= 256:  # frame counts of a stream's pushes repeat; a long run of one-shot decodes does not
                 cache.clear()
-            cache[key] = env.flatten()
+            cache[key] = self._overlap_add((w * w).expand(1, frames, -1))[0].flatten()
         return cache[key]
 
     def features(self, wav: torch.Tensor) -> torch.Tensor:
@@ -213,36 +213,31 @@ class DemoCodec(nn.Module):
     def magnitude(self, logmel: torch.Tensor) -> torch.Tensor:
         """Non-negative least-squares mel inversion: log-mel [B, n_mels, F] -> |STFT| [B, bins, F].
         Multiplicative updates from a start that is exact for flat spectra; every column is independent."""
-        to_mel, from_mel = self._mel_products()
         mel = torch.exp(logmel)
-        num = from_mel(mel)  # [B, bins, F]
+        num = self._filters(mel, transposed=True)  # [B, bins, F]
         s = num / (self.mel_gram.sum(1, keepdim=True) + 1e-8)
         for _ in range(self.config.nnls_iters):
-            s = s * num / (from_mel(to_mel(s)) + 1e-8)
+            s = s * num / (self._filters(self._filters(s), transposed=True) + 1e-8)
         return s
 
-    def _mel_products(self) -> tuple[Callable, Callable]:
-        """(x [B, bins, F] -> fb @ x, y [B, n_mels, F] -> fb.T @ y). On the CPU through sparse copies of the filter
-        bank: each bin lies under at most two filters (~1,000 of its 51,300 entries are non-zero), and the mel
+    def _filters(self, x: torch.Tensor, transposed: bool = False) -> torch.Tensor:
+        """mel_fb @ x (x [B, bins, F] -> [B, n_mels, F]), or mel_fb.T @ x. On the CPU through sparse copies of the
+        filter bank: each bin lies under at most two filters (~1,000 of its 51,300 entries are non-zero), and the mel
         inversion's 60 rounds of both products were the largest cost of a decode after Griffin-Lim."""
         fb = self.mel_fb
         if fb.device.type != "cpu":
-            return (lambda x: fb @ x), (lambda y: fb.t() @ y)
+            return (fb.t() if transposed else fb) @ x
         key = (fb.dtype, fb.data_ptr())
-        if getattr(self, "_sparse_key", None) != key:
+        if self.__dict__.get("_sparse_key") != key:
             with warnings.catch_warnings():  # "sparse CSR tensor support is in beta": only its product is used
                 warnings.simplefilter("ignore", UserWarning)
                 self._sparse = (fb.to_sparse_csr(), fb.t().contiguous().to_sparse_csr())
             self._sparse_key = key
-        fb_csr, fbt_csr = self._sparse
-
-        def product(m: torch.Tensor, x: torch.Tensor) -> torch.Tensor:  # m [R, K] sparse, x [B, K, F] -> [B, R, F]
-            if x.shape[0] == 1:
-                return (m @ x[0])[None]
-            B, K, F_ = x.shape
-            return (m @ x.transpose(0, 1).reshape(K, B * F_)).reshape(-1, B, F_).transpose(0, 1)
-
-        return (lambda x: product(fb_csr, x)), (lambda y: product(fbt_csr, y))
+        m = self._sparse[transposed]
+        if x.shape[0] == 1:
+            return (m @ x[0])[None]
+        B, K, frames = x.shape
+        return (m @ x.transpose(0, 1).reshape(K, B * frames)).reshape(-1, B, frames).transpose(0, 1)
 
     def griffin_lim(self, mag: torch.Tensor, phase: torch.Tensor, prefix: torch.Tensor | None = None,
                     tail: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
